@@ -1,0 +1,42 @@
+"""Input checks shared by every module: clear errors instead of deep NumPy ones."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def as_float_array(x, name: str, *, min_ndim: int = 0) -> np.ndarray:
+    """Return ``x`` as a floating array, keeping float dtypes and turning integers into float64.
+
+    Raises ``TypeError`` for non-numeric input and ``ValueError`` when ``x`` has fewer than
+    ``min_ndim`` dimensions; both messages name the argument and its shape.
+    """
+    array = np.asarray(x)
+    if array.dtype == bool or np.issubdtype(array.dtype, np.integer):
+        array = array.astype(np.float64)
+    elif not np.issubdtype(array.dtype, np.floating):
+        raise TypeError(f"{name} must hold real numbers; got dtype {array.dtype}")
+    if array.ndim < min_ndim:
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimensions; got shape {array.shape}"
+        )
+    return array
+
+
+def check_axis(axis: int, ndim: int, name: str) -> int:
+    """Return ``axis`` as a non-negative index into an array of ``ndim`` dimensions."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"axis must be an integer; got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis={axis} is out of range for {name} with {ndim} dimensions")
+    return int(axis) % ndim
+
+
+def check_positive_int(value, name: str, *, allow_zero: bool = False) -> int:
+    """Return ``value`` as an int, or raise naming ``name`` if it is not a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer; got {value!r}")
+    smallest = 0 if allow_zero else 1
+    if value < smallest:
+        raise ValueError(f"{name} must be >= {smallest}; got {value}")
+    return int(value)

@@ -1,0 +1,115 @@
+"""Boolean attention masks, True = may attend (chapter 04)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._checks import check_positive_int
+
+__all__ = ["causal_mask", "padding_mask"]
+
+
+def causal_mask(Tq: int, Tk: int | None = None) -> np.ndarray:
+    """A mask that lets each query attend only to keys at its own position or earlier.
+
+    Queries are taken to be the *last* ``Tq`` positions of the ``Tk`` keys (aligned at
+    the bottom right), which is what incremental decoding needs: with ``Tq=1`` the one
+    new query sees every key. For ``Tq == Tk`` this is the lower triangle.
+
+    Parameters
+    ----------
+    Tq : int
+        Number of queries.
+    Tk : int, optional
+        Number of keys; defaults to ``Tq``.
+
+    Returns
+    -------
+    numpy.ndarray of bool
+        ``mask[i, j]`` is True when key ``j`` is not in query ``i``'s future.
+
+    Shapes
+    ------
+    -> (Tq, Tk)
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``Tq`` or ``Tk`` is not a positive integer, or ``Tq > Tk`` (a query would
+        have no key at or before its own position).
+
+    Notes
+    -----
+    Derived in chapter 04, *Masking*. PyTorch's ``is_causal=True`` aligns at the top
+    left instead; the two agree whenever ``Tq == Tk``.
+
+    Examples
+    --------
+    >>> causal_mask(3).astype(int)
+    array([[1, 0, 0],
+           [1, 1, 0],
+           [1, 1, 1]])
+    """
+    Tq = check_positive_int(Tq, "Tq")
+    Tk = Tq if Tk is None else check_positive_int(Tk, "Tk")
+    if Tq > Tk:
+        raise ValueError(
+            f"Tq={Tq} > Tk={Tk}: with the queries as the last Tq of Tk positions, "
+            "the first queries would have no key to attend to"
+        )
+    return np.tril(np.ones((Tq, Tk), dtype=bool), k=Tk - Tq)
+
+
+def padding_mask(lengths, T: int) -> np.ndarray:
+    """A mask that hides the padding at the end of each sequence in a batch.
+
+    Sequence ``b`` has ``lengths[b]`` real tokens followed by padding up to ``T``.
+    Every query may attend to the real keys and to none of the padded ones.
+
+    Parameters
+    ----------
+    lengths : array_like of int
+        Number of real tokens in each sequence, each in ``[0, T]``.
+    T : int
+        The padded length (the size of the key axis).
+
+    Returns
+    -------
+    numpy.ndarray of bool
+        ``mask[b, 0, j]`` is True when key ``j`` is a real token of sequence ``b``.
+        The axis of length 1 stands for the queries, so the mask broadcasts to
+        ``(B, Tq, T)`` scores and combines with :func:`causal_mask` by ``&``.
+
+    Shapes
+    ------
+    lengths : (B,) -> (B, 1, T); in general (...) -> (..., 1, T)
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``lengths`` is not integer, or a length is negative or larger than ``T``,
+        or ``T`` is not a positive integer.
+
+    Notes
+    -----
+    Derived in chapter 04, *Masking*. Query rows at padded positions are left
+    unmasked (they attend to the real keys); their outputs are simply ignored.
+
+    Examples
+    --------
+    >>> padding_mask([2, 3], 3).astype(int)
+    array([[[1, 1, 0]],
+    <BLANKLINE>
+           [[1, 1, 1]]])
+    """
+    T = check_positive_int(T, "T")
+    lengths = np.asarray(lengths)
+    if not np.issubdtype(lengths.dtype, np.integer):
+        raise TypeError(f"lengths must be integers; got dtype {lengths.dtype}")
+    if lengths.size and (lengths.min() < 0 or lengths.max() > T):
+        raise ValueError(
+            f"every length must be between 0 and T={T}; got lengths={lengths.tolist()}"
+        )
+    positions = np.arange(T)  # (T,)
+    is_real = positions < lengths[..., None]  # (..., T)
+    return is_real[..., None, :]  # (..., 1, T)

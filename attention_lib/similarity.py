@@ -1,0 +1,120 @@
+"""Cosine similarity and the angle between vectors (chapter 01)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._checks import as_float_array, check_axis
+
+__all__ = ["cosine_similarity", "angle_degrees"]
+
+
+def _unit_vectors(x: np.ndarray, axis: int, name: str) -> np.ndarray:
+    # Dividing by the largest entry first keeps the squares finite for huge entries
+    # (1e200**2 overflows) and makes "is this a zero vector" an exact question.
+    largest = np.max(np.abs(x), axis=axis, keepdims=True)
+    if np.any(largest == 0):
+        raise ValueError(
+            f"{name} contains a zero vector along axis {axis} (shape {x.shape}); "
+            "a zero vector has no direction, so its cosine similarity is undefined"
+        )
+    scaled = x / largest
+    return scaled / np.sqrt(np.sum(scaled * scaled, axis=axis, keepdims=True))
+
+
+def cosine_similarity(a, b, axis: int = -1) -> np.ndarray:
+    """Cosine of the angle between the vectors of ``a`` and ``b`` along ``axis``.
+
+    ``cos(a, b) = a . b / (|a| |b|)``: 1 for the same direction, 0 for orthogonal
+    vectors, -1 for opposite ones. Only direction matters, never length.
+
+    Parameters
+    ----------
+    a, b : array_like
+        Vectors stored along ``axis``; all other dimensions broadcast against each other.
+    axis : int, default -1
+        The axis that holds the vector components.
+
+    Returns
+    -------
+    numpy.ndarray
+        The cosines, clipped to ``[-1, 1]`` (rounding can step just outside it).
+        Float inputs keep their dtype; integer inputs give float64.
+
+    Shapes
+    ------
+    a : (..., d), b : (..., d) -> (...)  (shown for ``axis=-1``)
+
+    Raises
+    ------
+    ValueError
+        If a vector is all zeros (its direction is undefined), if ``a`` and ``b`` have
+        different lengths along ``axis``, or if their other dimensions do not broadcast.
+
+    Notes
+    -----
+    Derived in chapter 01, *Vectors and cosine similarity*.
+
+    Examples
+    --------
+    >>> float(cosine_similarity([1.0, 0.0], [1.0, 1.0]).round(4))
+    0.7071
+    """
+    a = as_float_array(a, "a", min_ndim=1)
+    b = as_float_array(b, "b", min_ndim=1)
+    axis_a = check_axis(axis, a.ndim, "a")
+    axis_b = check_axis(axis, b.ndim, "b")
+    if a.shape[axis_a] != b.shape[axis_b]:
+        raise ValueError(
+            f"a has {a.shape[axis_a]} components along axis {axis} but b has "
+            f"{b.shape[axis_b]} (a.shape={a.shape}, b.shape={b.shape})"
+        )
+    unit_a = _unit_vectors(a, axis_a, "a")
+    unit_b = _unit_vectors(b, axis_b, "b")
+    try:
+        products = unit_a * unit_b
+    except ValueError:
+        raise ValueError(
+            f"a and b must broadcast outside axis {axis}; got a.shape={a.shape}, b.shape={b.shape}"
+        ) from None
+    cosines = np.sum(products, axis=axis)
+    return np.clip(cosines, -1.0, 1.0)
+
+
+def angle_degrees(a, b, axis: int = -1) -> np.ndarray:
+    """Angle in degrees between the vectors of ``a`` and ``b`` along ``axis``.
+
+    ``degrees(arccos(cosine_similarity(a, b)))``: 0 for the same direction, 90 for
+    orthogonal vectors, 180 for opposite ones.
+
+    Parameters
+    ----------
+    a, b : array_like
+        Vectors stored along ``axis``; other dimensions broadcast.
+    axis : int, default -1
+        The axis that holds the vector components.
+
+    Returns
+    -------
+    numpy.ndarray
+        Angles in ``[0, 180]``, with the dtype rules of :func:`cosine_similarity`.
+
+    Shapes
+    ------
+    a : (..., d), b : (..., d) -> (...)  (shown for ``axis=-1``)
+
+    Raises
+    ------
+    ValueError
+        As :func:`cosine_similarity` (zero vectors, mismatched lengths or shapes).
+
+    Notes
+    -----
+    Derived in chapter 01, *Vectors and cosine similarity*.
+
+    Examples
+    --------
+    >>> float(angle_degrees([1.0, 0.0], [0.0, 2.0]).round(4))
+    90.0
+    """
+    return np.degrees(np.arccos(cosine_similarity(a, b, axis=axis)))

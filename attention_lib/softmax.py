@@ -1,0 +1,118 @@
+"""Softmax and log-softmax, numerically stable (chapter 02)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._checks import as_float_array, check_axis
+
+__all__ = ["softmax", "log_softmax"]
+
+
+def _shifted_logits(x, axis: int) -> tuple[np.ndarray, int]:
+    """Check ``x`` and subtract each row's maximum, so the largest logit becomes 0.
+
+    Rows whose logits are all ``-inf`` are shifted by 0 instead (their maximum is ``-inf``
+    and ``-inf - -inf`` is NaN); the callers give such rows zero weight.
+    """
+    x = as_float_array(x, "x", min_ndim=1)
+    axis = check_axis(axis, x.ndim, "x")
+    if x.shape[axis] == 0:
+        raise ValueError(f"x has length 0 along axis {axis} (shape {x.shape}); nothing to normalize")
+    if np.isnan(x).any() or np.isposinf(x).any():
+        raise ValueError("x contains NaN or +inf; softmax is defined for finite logits and -inf")
+    row_max = np.max(x, axis=axis, keepdims=True)
+    row_max = np.where(np.isneginf(row_max), 0, row_max).astype(x.dtype)
+    return x - row_max, axis
+
+
+def softmax(x, axis: int = -1) -> np.ndarray:
+    """Turn scores into weights that are positive and sum to 1 along ``axis``.
+
+    ``softmax(x)_i = exp(x_i) / sum_j exp(x_j)``, computed as ``exp(x_i - m) / sum_j
+    exp(x_j - m)`` with ``m`` the row maximum: the same value (softmax ignores a shift),
+    but no ``exp`` of a large number can overflow.
+
+    Parameters
+    ----------
+    x : array_like
+        Scores (logits). ``-inf`` marks an entry that must get weight 0.
+    axis : int, default -1
+        The axis to normalize over.
+
+    Returns
+    -------
+    numpy.ndarray
+        Weights of the same shape. A row that is entirely ``-inf`` (nothing may be
+        attended to) gives a row of zeros, not NaN. Float inputs keep their dtype;
+        integer inputs give float64.
+
+    Shapes
+    ------
+    x : (..., n) -> (..., n)  (shown for ``axis=-1``)
+
+    Raises
+    ------
+    ValueError
+        If ``x`` holds NaN or ``+inf``, is a scalar, has length 0 along ``axis``, or
+        ``axis`` is out of range.
+
+    Notes
+    -----
+    Derived in chapter 02, *From scores to weights: softmax*.
+
+    Examples
+    --------
+    >>> softmax([1.0, 2.0, 3.0]).round(4)
+    array([0.09  , 0.2447, 0.6652])
+    """
+    shifted, axis = _shifted_logits(x, axis)
+    exps = np.exp(shifted)
+    sums = np.sum(exps, axis=axis, keepdims=True)
+    safe_sums = np.where(sums > 0, sums, 1).astype(exps.dtype)
+    return exps / safe_sums  # an all -inf row has exps == 0, so it stays 0
+
+
+def log_softmax(x, axis: int = -1) -> np.ndarray:
+    """The logarithm of :func:`softmax`, computed without forming tiny probabilities.
+
+    ``log_softmax(x)_i = (x_i - m) - log(sum_j exp(x_j - m))`` with ``m`` the row
+    maximum. Taking ``np.log(softmax(x))`` instead gives ``-inf`` as soon as a weight
+    underflows to 0; this form stays finite for every finite logit.
+
+    Parameters
+    ----------
+    x : array_like
+        Scores (logits); ``-inf`` entries give ``-inf``.
+    axis : int, default -1
+        The axis to normalize over.
+
+    Returns
+    -------
+    numpy.ndarray
+        Log-weights of the same shape and dtype rules as :func:`softmax`. A row that is
+        entirely ``-inf`` stays ``-inf`` (the log of zero weight), never NaN.
+
+    Shapes
+    ------
+    x : (..., n) -> (..., n)  (shown for ``axis=-1``)
+
+    Raises
+    ------
+    ValueError
+        As :func:`softmax`.
+
+    Notes
+    -----
+    Derived in chapter 02, *From scores to weights: softmax*.
+
+    Examples
+    --------
+    >>> log_softmax([0.0, 0.0]).round(4)
+    array([-0.6931, -0.6931])
+    """
+    shifted, axis = _shifted_logits(x, axis)
+    sums = np.sum(np.exp(shifted), axis=axis, keepdims=True)
+    has_mass = sums > 0
+    log_sums = np.log(np.where(has_mass, sums, 1)).astype(shifted.dtype)
+    return np.where(has_mass, shifted - log_sums, -np.inf).astype(shifted.dtype)

@@ -1,0 +1,62 @@
+"""Restart-and-run-all for the course notebooks, in place, the way CI will re-run them.
+
+    python scripts/execute_notebooks.py book/01_vectors_and_cosine_similarity.ipynb ...
+    python scripts/execute_notebooks.py --all        # every notebook listed in _toc.yml
+
+Each notebook runs top to bottom in a fresh kernel (working directory: its own folder),
+its outputs are stored, and the time it took is printed. Run it before committing a notebook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import sys
+import time
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def notebooks_in_toc() -> list[pathlib.Path]:
+    """The notebooks that _toc.yml lists, in book order."""
+    names = re.findall(r"(?:file|root):\s*([\w./-]+)", (ROOT / "_toc.yml").read_text())
+    paths = [ROOT / f"{name.removesuffix('.ipynb')}.ipynb" for name in names]
+    return [path for path in paths if path.exists()]
+
+
+def execute(path: pathlib.Path, timeout: int = 600) -> float:
+    """Run one notebook in a fresh kernel, store its outputs and return the seconds it took."""
+    notebook = nbformat.read(path, as_version=4)
+    notebook.metadata["kernelspec"] = {
+        "name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python",
+    }
+    client = NotebookClient(
+        notebook, timeout=timeout, kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    start = time.perf_counter()
+    client.execute()
+    seconds = time.perf_counter() - start
+    nbformat.write(notebook, path)
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
+    parser.add_argument("--all", action="store_true", help="every notebook in _toc.yml")
+    args = parser.parse_args()
+    paths = notebooks_in_toc() if args.all else args.notebooks
+    if not paths:
+        parser.error("name notebooks or pass --all")
+    for path in paths:
+        print(f"{execute(path.resolve()):6.1f} s  {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

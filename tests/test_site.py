@@ -1,0 +1,193 @@
+"""The book builds with zero warnings, and every built page works in a real browser.
+
+The build runs once per session into a temporary folder (`--all -W -n --keep-going`, as in
+scripts/build_book.sh). Each page is then opened in Debian's Chromium, driven by Playwright,
+from a server on 127.0.0.1; the page fails on a console error, an uncaught exception, a failed
+request or any request to another host, a broken image, a link to a page or anchor that does
+not exist, or math that did not typeset.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import threading
+import urllib.parse
+
+import pytest
+from book_toc import toc_entries
+from bs4 import BeautifulSoup
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
+]
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """Build the whole book once; return (html folder, build log)."""
+    output = tmp_path_factory.mktemp("book")
+    jupyter_book = pathlib.Path(sys.executable).with_name("jupyter-book")
+    result = subprocess.run(
+        [str(jupyter_book), "build", str(ROOT), "--all", "-W", "-n", "--keep-going",
+         "--path-output", str(output)],
+        capture_output=True, text=True, timeout=900,
+    )
+    log = result.stdout + result.stderr
+    return output / "_build" / "html", log, result.returncode
+
+
+def test_book_builds_with_zero_warnings(build):
+    html, log, returncode = build
+    warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
+    assert returncode == 0 and not warnings, "\n".join(warnings) or log[-3000:]
+    assert (html / "index.html").exists()
+
+
+def built_pages(html: pathlib.Path) -> list[str]:
+    return sorted(str(p.relative_to(html)) for p in html.rglob("*.html")
+                  if "_static" not in p.parts and "mathjax" not in p.parts)
+
+
+def test_every_toc_page_was_built(build):
+    html, _, _ = build
+    missing = [name for name in toc_entries() if not (html / f"{name}.html").exists()]
+    assert not missing, f"pages in _toc.yml with no HTML: {missing}"
+
+
+@functools.cache
+def anchors_of(path: pathlib.Path) -> frozenset[str]:
+    soup = BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
+    return frozenset(tag["id"] for tag in soup.find_all(id=True)) | frozenset(
+        tag["name"] for tag in soup.find_all("a", attrs={"name": True}))
+
+
+@pytest.fixture(scope="module")
+def site(build):
+    """Serve the built site on 127.0.0.1 and yield its base URL."""
+    html, _, returncode = build
+    if not (html / "index.html").exists():
+        pytest.fail(f"the book did not build (exit {returncode}); see test_book_builds_with_zero_warnings")
+    handler = functools.partial(QuietHandler, directory=str(html))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield html, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not pathlib.Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: scripts/test.sh installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def check_page(browser, html: pathlib.Path, base: str, page_path: str, mode: str) -> list[str]:
+    """Open one page and return every problem found on it."""
+    problems: list[str] = []
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    # The theme reads its light/dark mode from localStorage; a fresh profile logs an error.
+    context.add_init_script(f"localStorage.setItem('mode', '{mode}');"
+                            f"localStorage.setItem('theme', '{mode}');")
+    host = urllib.parse.urlparse(base).netloc
+
+    def guard(route):
+        if urllib.parse.urlparse(route.request.url).netloc == host:
+            route.continue_()
+        else:
+            problems.append(f"request to another host: {route.request.url}")
+            route.abort()
+
+    context.route("**/*", guard)
+    page = context.new_page()
+    page.on("console", lambda msg: msg.type == "error" and problems.append(
+        f"console error: {msg.text}"))
+    page.on("pageerror", lambda error: problems.append(f"uncaught exception: {error}"))
+    page.on("requestfailed", lambda request: urllib.parse.urlparse(request.url).netloc == host
+            and problems.append(f"failed request: {request.url} ({request.failure})"))
+    page.on("response", lambda response: response.status >= 400 and problems.append(
+        f"HTTP {response.status}: {response.url}"))
+    url = urllib.parse.urljoin(base, page_path)
+    page.goto(url, wait_until="load")
+
+    images = page.eval_on_selector_all(
+        "img", "imgs => imgs.map(i => [i.currentSrc || i.src, i.complete && i.naturalWidth > 0])")
+    problems += [f"broken image: {src}" for src, ok in images if not ok]
+
+    math_count = page.locator(".math").count()
+    if math_count:
+        try:
+            page.wait_for_function(
+                "n => document.querySelectorAll('mjx-container').length >= n",
+                arg=math_count, timeout=15000)
+        except Exception:
+            typeset = page.locator("mjx-container").count()
+            problems.append(f"math not typeset: {typeset} of {math_count} formulas rendered")
+        errors = page.locator("mjx-merror").count()
+        if errors:
+            problems.append(f"{errors} formulas have TeX errors")
+
+    hrefs = page.eval_on_selector_all("a[href]", "links => links.map(a => a.href)")
+    for href in hrefs:
+        problems += check_link(html, url, href, host)
+    context.close()
+    return problems
+
+
+def check_link(html: pathlib.Path, page_url: str, href: str, host: str) -> list[str]:
+    target = urllib.parse.urlparse(href)
+    if target.scheme not in ("http", "https") or target.netloc != host:
+        return []  # links to other sites are not followed: the site must work offline
+    file = html / urllib.parse.unquote(target.path.lstrip("/"))
+    if file.is_dir():
+        file = file / "index.html"
+    if not file.exists():
+        return [f"broken link on {page_url}: {href}"]
+    if target.fragment and file.suffix == ".html" and target.fragment not in anchors_of(file):
+        return [f"broken anchor on {page_url}: {href}"]
+    return []
+
+
+def site_pages() -> list[str]:
+    # The pages are known only after the build; collect them from the sources instead, then
+    # test_every_built_page_was_checked makes sure no built page escaped.
+    return [f"{name}.html" for name in toc_entries()] + ["genindex.html", "search.html"]
+
+
+@pytest.mark.parametrize("page_path", site_pages())
+def test_page_works_in_a_browser(site, browser, page_path):
+    html, base = site
+    problems = check_page(browser, html, base, page_path, mode="light")
+    assert not problems, f"{page_path}:\n" + "\n".join(sorted(set(problems)))
+
+
+def test_every_built_page_was_checked(site):
+    html, _ = site
+    unchecked = sorted(set(built_pages(html)) - set(site_pages()) - {"index.html"})
+    assert not unchecked, f"built pages the browser test does not open: {unchecked}"
+
+
+def test_index_redirects_to_the_first_page(site, browser):
+    html, base = site
+    problems = check_page(browser, html, base, "index.html", mode="dark")
+    assert not problems, "\n".join(problems)
+    assert re.search(r"book/intro\.html", (html / "index.html").read_text())
