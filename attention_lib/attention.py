@@ -81,7 +81,8 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
     -----
     Derived in chapter 03, *Scaled dot-product attention*; masks in chapter 04,
     *Masking*. Equal to ``torch.nn.functional.scaled_dot_product_attention`` with a
-    boolean ``attn_mask`` (tested), except that PyTorch returns NaN for fully masked rows.
+    boolean ``attn_mask`` (tested), including zeros for fully masked rows (PyTorch 2.5 and
+    later; ``torch.nn.MultiheadAttention`` still gives NaN there).
 
     Examples
     --------

@@ -28,6 +28,7 @@ def attention_heatmap(
     key_tokens=None,
     *,
     ax=None,
+    mask=None,
     title: str | None = None,
     annotate: bool = True,
     fmt: str = ".2f",
@@ -41,8 +42,9 @@ def attention_heatmap(
 ):
     """Draw a ``(Tq, Tk)`` matrix of attention weights (or scores) with token labels.
 
-    Row ``i`` is what query token ``i`` attends to. Entries that are not finite
-    (``-inf`` scores of masked positions) are left blank.
+    Row ``i`` is what query token ``i`` attends to. Blocked entries (``mask`` False) and
+    entries that are not finite (``-inf`` scores) are left blank, so a blocked weight of 0 is
+    not mistaken for a small one.
 
     Parameters
     ----------
@@ -54,6 +56,9 @@ def attention_heatmap(
         positions ``0, 1, ...``.
     ax : matplotlib.axes.Axes, optional
         Where to draw; a new figure if omitted.
+    mask : array_like of bool, optional
+        The attention mask (True = may attend), broadcastable to ``weights``; cells where
+        it is False are left blank.
     title : str, optional
         Axes title.
     annotate : bool, default True
@@ -67,16 +72,17 @@ def attention_heatmap(
 
     Shapes
     ------
-    weights : (Tq, Tk)
+    weights : (Tq, Tk), mask : broadcastable to (Tq, Tk)
 
     Raises
     ------
     ValueError
-        If ``weights`` is not 2-d or a label list has the wrong length.
+        If ``weights`` is not 2-d, ``mask`` does not broadcast to it, or a label list has the
+        wrong length.
 
     Notes
     -----
-    Used from chapter 03, *Scaled dot-product attention*, on.
+    Used from chapter 01, *Vectors and cosine similarity*, on.
     """
     weights = np.asarray(weights, dtype=float)
     if weights.ndim != 2:
@@ -87,9 +93,18 @@ def attention_heatmap(
     if ax is None:
         size = (1.0 + 0.6 * weights.shape[1], 0.8 + 0.5 * weights.shape[0])
         _, ax = plt.subplots(figsize=(max(size[0], 4.0), max(size[1], 3.0)))
+    hidden = ~np.isfinite(weights)
+    if mask is not None:
+        mask = np.asarray(mask, dtype=bool)
+        try:
+            hidden |= ~np.broadcast_to(mask, weights.shape)
+        except ValueError:
+            raise ValueError(
+                f"mask of shape {mask.shape} does not broadcast to weights of shape {weights.shape}"
+            ) from None
     sns.heatmap(
         weights,
-        mask=~np.isfinite(weights),
+        mask=hidden,
         annot=annotate,
         fmt=fmt,
         cmap=cmap,
@@ -175,7 +190,11 @@ def plot_vectors_2d(
             xytext=(0, 0),
             arrowprops={"arrowstyle": "-|>", "color": color, "lw": 2, "linestyle": linestyle},
         )
-        ax.annotate(label, xy=vector, xytext=(4, 4), textcoords="offset points", color=color)
+        # Put the label just beyond the arrowhead, outward along the arrow's direction.
+        direction = vector / max(float(np.linalg.norm(vector)), 1e-12)
+        ax.annotate(label, xy=vector, xytext=tuple(8 * direction), textcoords="offset points",
+                    color=color, ha="left" if direction[0] >= -0.3 else "right",
+                    va="bottom" if direction[1] >= -0.3 else "top")
     # Keep every earlier overlay in view: extend the current limits, never shrink them.
     points = np.vstack([vectors, np.zeros((1, 2))])
     low, high = points.min(axis=0), points.max(axis=0)
@@ -190,7 +209,8 @@ def plot_vectors_2d(
         ax.set_ylim(min(y0, low[1] - margin), max(y1, high[1] + margin))
     ax.axhline(0, color="grey", lw=0.5)
     ax.axvline(0, color="grey", lw=0.5)
-    ax.set_aspect("equal", adjustable="datalim")
+    # "box", not "datalim": the limits above are fixed, and "datalim" would override them.
+    ax.set_aspect("equal", adjustable="box")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
@@ -203,6 +223,7 @@ def plot_heads(
     query_tokens=None,
     key_tokens=None,
     *,
+    mask=None,
     head_names=None,
     ncols: int | None = None,
     annotate: bool = False,
@@ -217,6 +238,9 @@ def plot_heads(
         Attention weights of each head.
     query_tokens, key_tokens : sequence of str, optional
         Row and column labels for every panel (as in :func:`attention_heatmap`).
+    mask : array_like of bool, optional
+        The attention mask (True = may attend), broadcastable to ``weights``; blocked cells
+        are left blank.
     head_names : sequence of str, optional
         Panel titles; default ``"head 0"``, ``"head 1"``, ...
     ncols : int, optional
@@ -234,7 +258,7 @@ def plot_heads(
 
     Shapes
     ------
-    weights : (H, Tq, Tk)
+    weights : (H, Tq, Tk), mask : broadcastable to (H, Tq, Tk)
 
     Raises
     ------
@@ -249,6 +273,14 @@ def plot_heads(
     if weights.ndim != 3:
         raise ValueError(f"weights must be 3-d (H, Tq, Tk); got shape {weights.shape}")
     num_heads = weights.shape[0]
+    if mask is not None:
+        mask = np.asarray(mask, dtype=bool)
+        try:
+            mask = np.broadcast_to(mask, weights.shape)
+        except ValueError:
+            raise ValueError(
+                f"mask of shape {mask.shape} does not broadcast to weights of shape {weights.shape}"
+            ) from None
     head_names = _check_labels(
         head_names if head_names is not None else [f"head {h}" for h in range(num_heads)],
         num_heads,
@@ -268,6 +300,7 @@ def plot_heads(
         last_row = head // ncols == nrows - 1 or head + ncols >= num_heads
         attention_heatmap(
             weights[head], query_tokens, key_tokens, ax=ax, title=head_names[head],
+            mask=None if mask is None else mask[head],
             annotate=annotate, colorbar=False,
             xlabel="key token" if last_row else "", ylabel="query token" if first_column else "",
         )

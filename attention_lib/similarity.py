@@ -9,13 +9,13 @@ from ._checks import as_float_array, check_axis
 __all__ = ["cosine_similarity", "angle_degrees"]
 
 
-def _unit_vectors(x: np.ndarray, axis: int, name: str) -> np.ndarray:
+def _unit_vectors(x: np.ndarray, axis: int, name: str, axis_given: int) -> np.ndarray:
     # Dividing by the largest entry first keeps the squares finite for huge entries
     # (1e200**2 overflows) and makes "is this a zero vector" an exact question.
     largest = np.max(np.abs(x), axis=axis, keepdims=True)
     if np.any(largest == 0):
         raise ValueError(
-            f"{name} contains a zero vector along axis {axis} (shape {x.shape}); "
+            f"{name} contains a zero vector along axis {axis_given} (shape {x.shape}); "
             "a zero vector has no direction, so its cosine similarity is undefined"
         )
     scaled = x / largest
@@ -69,8 +69,8 @@ def cosine_similarity(a, b, axis: int = -1) -> np.ndarray:
             f"a has {a.shape[axis_a]} components along axis {axis} but b has "
             f"{b.shape[axis_b]} (a.shape={a.shape}, b.shape={b.shape})"
         )
-    unit_a = _unit_vectors(a, axis_a, "a")
-    unit_b = _unit_vectors(b, axis_b, "b")
+    unit_a = _unit_vectors(a, axis_a, "a", axis)
+    unit_b = _unit_vectors(b, axis_b, "b", axis)
     try:
         products = unit_a * unit_b
     except ValueError:

@@ -18,7 +18,9 @@ def _shifted_logits(x, axis: int) -> tuple[np.ndarray, int]:
     x = as_float_array(x, "x", min_ndim=1)
     axis = check_axis(axis, x.ndim, "x")
     if x.shape[axis] == 0:
-        raise ValueError(f"x has length 0 along axis {axis} (shape {x.shape}); nothing to normalize")
+        raise ValueError(
+            f"x has length 0 along axis {axis} (shape {x.shape}); nothing to normalize"
+        )
     if np.isnan(x).any() or np.isposinf(x).any():
         raise ValueError("x contains NaN or +inf; softmax is defined for finite logits and -inf")
     row_max = np.max(x, axis=axis, keepdims=True)

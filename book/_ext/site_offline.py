@@ -2,7 +2,8 @@
 
 sphinx-thebe adds its inline ``THEBE_JS_URL`` script twice to every page, which makes the
 browser log "Identifier 'THEBE_JS_URL' has already been declared". Dropping duplicate
-script entries (same file or same inline body) before the page is rendered removes the console error.
+script entries (same file or same inline body) before the page is rendered removes the
+console error.
 """
 
 from __future__ import annotations

@@ -1,0 +1,96 @@
+"""Every chapter notebook has the shape the course promises its readers.
+
+The set-up cell installs the course package from the repository named in _config.yml; each
+chapter states its learning goals, ends with exercises whose solutions exist, was run top to
+bottom in one fresh kernel, gives every figure alt text, and uses no global random state.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from book_toc import ROOT, toc_entries
+
+NOTEBOOKS = [name for name in toc_entries() if (ROOT / f"{name}.ipynb").exists()]
+
+
+def load(name: str) -> list[dict]:
+    return json.loads((ROOT / f"{name}.ipynb").read_text())["cells"]
+
+
+def source(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def code_cells(cells: list[dict]) -> list[dict]:
+    return [c for c in cells if c["cell_type"] == "code" and source(c).strip()]
+
+
+def markdown(cells: list[dict]) -> str:
+    return "\n".join(source(c) for c in cells if c["cell_type"] == "markdown")
+
+
+def test_there_are_chapter_notebooks():
+    assert len(NOTEBOOKS) >= 4, NOTEBOOKS
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_setup_cell_installs_the_course_from_the_configured_repository(name):
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    repository = config["repository"]
+    expected = f"git+{repository['url']}@{repository['branch']}"
+    setup = source(code_cells(load(name))[0])
+    assert 'find_spec("attention_lib") is None' in setup, "first code cell is not the set-up cell"
+    assert expected in setup, f"set-up cell does not install from {expected}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_setup_cell_prints_nothing_where_the_course_is_installed(name):
+    assert code_cells(load(name))[0]["outputs"] == []
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_chapter_states_learning_goals_and_what_comes_next(name):
+    text = markdown(load(name))
+    assert re.search(r"^## What you will learn", text, re.M)
+    assert re.search(r"^## Summary", text, re.M)
+    assert re.search(r"^## What's next", text, re.M)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_chapter_has_at_least_three_exercises_each_with_a_solution(name):
+    text = markdown(load(name))
+    labels = re.findall(r"\{exercise\}[^\n]*\n:label:\s*(\S+)", text)
+    solutions = set(re.findall(r"\{solution-start\}\s+(\S+)", text))
+    assert len(labels) >= 3, f"{len(labels)} exercises"
+    assert set(labels) <= solutions, f"exercises without a solution: {set(labels) - solutions}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_was_run_top_to_bottom_in_one_kernel(name):
+    counts = [c.get("execution_count") for c in code_cells(load(name))]
+    assert counts == list(range(1, len(counts) + 1)), counts[:10]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_figure_has_alt_text_or_a_caption(name):
+    missing = []
+    for index, cell in enumerate(load(name)):
+        outputs = cell.get("outputs", [])
+        has_figure = any("image/png" in output.get("data", {}) for output in outputs)
+        meta = cell.get("metadata", {}).get("mystnb", {})
+        described = meta.get("image", {}).get("alt") or meta.get("figure", {}).get("caption")
+        if has_figure and not described:
+            missing.append(index)
+    assert not missing, f"figures without alt text in cells {missing}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_no_global_random_state(name):
+    offenders = [source(c) for c in code_cells(load(name))
+                 if re.search(r"np\.random\.(seed|rand|randn|randint|normal|uniform|choice)\(",
+                              source(c))]
+    assert not offenders, "use rng = np.random.default_rng(SEED) instead of the global RNG"
