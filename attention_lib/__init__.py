@@ -3,19 +3,30 @@
 Every public function names, in its docstring, the chapter that derives it.
 """
 
-from .attention import scaled_dot_product_attention
+from .attention import SelfAttention, init_linear_weight, scaled_dot_product_attention
 from .masks import causal_mask, padding_mask
+from .multihead import MultiHeadAttention, merge_heads, split_heads
+from .positional import alibi_bias, alibi_slopes, apply_rope, sinusoidal_encoding
 from .similarity import angle_degrees, cosine_similarity
 from .softmax import log_softmax, softmax
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MultiHeadAttention",
+    "SelfAttention",
+    "alibi_bias",
+    "alibi_slopes",
     "angle_degrees",
+    "apply_rope",
     "causal_mask",
     "cosine_similarity",
+    "init_linear_weight",
     "log_softmax",
+    "merge_heads",
     "padding_mask",
     "scaled_dot_product_attention",
+    "sinusoidal_encoding",
     "softmax",
+    "split_heads",
 ]

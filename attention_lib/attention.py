@@ -1,15 +1,18 @@
-"""Scaled dot-product attention (chapter 03), with boolean masks (chapter 04)."""
+"""Scaled dot-product attention (chapter 03) with boolean masks (chapter 04), and
+self-attention with learned projections (chapter 05)."""
 
 from __future__ import annotations
 
 import math
+import numbers
+from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array
+from ._checks import as_float_array, check_positive_int
 from .softmax import softmax
 
-__all__ = ["scaled_dot_product_attention"]
+__all__ = ["scaled_dot_product_attention", "SelfAttention", "init_linear_weight"]
 
 
 def _check_mask(mask, scores_shape: tuple[int, ...]) -> np.ndarray:
@@ -30,7 +33,7 @@ def _check_mask(mask, scores_shape: tuple[int, ...]) -> np.ndarray:
     return mask
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
+def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, returning the output and weights.
 
     Each query row is compared with every key row (a dot product), the scores are
@@ -53,6 +56,9 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
         and a zero output row, not NaN.
     scale : float, optional
         Multiplies the scores; defaults to ``1 / sqrt(d_k)``.
+    bias : array_like, optional
+        Added to the scaled scores before masking and softmax, broadcastable to
+        ``(..., Tq, Tk)``: a position-dependent preference such as ALiBi (chapter 07).
 
     Returns
     -------
@@ -63,8 +69,8 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
 
     Shapes
     ------
-    q : (..., Tq, d_k), k : (..., Tk, d_k), v : (..., Tk, d_v), mask : broadcastable
-    to (..., Tq, Tk) -> output : (..., Tq, d_v), weights : (..., Tq, Tk).
+    q : (..., Tq, d_k), k : (..., Tk, d_k), v : (..., Tk, d_v), mask and bias :
+    broadcastable to (..., Tq, Tk) -> output : (..., Tq, d_v), weights : (..., Tq, Tk).
     Leading batch dimensions broadcast. Float inputs keep their dtype (float32 stays
     float32); integer inputs give float64.
 
@@ -73,7 +79,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
     ValueError
         If an input has fewer than 2 dimensions, ``q`` and ``k`` differ in ``d_k``,
         ``k`` and ``v`` differ in ``Tk``, the batch dimensions do not broadcast, the
-        mask does not broadcast to the scores, or ``scale`` is not a finite number.
+        mask or bias does not broadcast to the scores, or ``scale`` is not a finite number.
     TypeError
         If ``mask`` is not boolean.
 
@@ -100,6 +106,13 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
             f"q has d_k={q.shape[-1]} but k has d_k={k.shape[-1]} "
             f"(q.shape={q.shape}, k.shape={k.shape}); queries and keys must have the same size"
         )
+    if q.shape[-1] == 0:
+        raise ValueError(f"q and k have d_k=0 features (q.shape={q.shape}); nothing to compare")
+    if k.shape[-2] == 0:
+        raise ValueError(f"k has Tk=0 keys (k.shape={k.shape}); attention needs at least one key")
+    for name, array in (("q", q), ("k", k), ("v", v)):
+        if not np.isfinite(array).all():
+            raise ValueError(f"{name} contains NaN or inf (shape {array.shape})")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"k has Tk={k.shape[-2]} but v has Tk={v.shape[-2]} "
@@ -114,16 +127,154 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
         ) from None
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    elif isinstance(scale, bool) or not np.isscalar(scale) or not np.isfinite(scale):
+    elif (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+          or not math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number; got {scale!r}")
     # A Python float keeps float32 inputs in float32 (a NumPy float64 scalar would not).
     scale = float(scale)
 
-    scores = (q @ np.swapaxes(k, -1, -2)) * scale  # (..., Tq, Tk)
+    # Scaling q (Tq x d_k numbers) costs less than scaling the scores (Tq x Tk numbers).
+    scores = (q * scale) @ np.swapaxes(k, -1, -2)  # (..., Tq, Tk)
+    scores_shape = (*batch_shape, q.shape[-2], k.shape[-2])
+    if bias is not None:
+        bias = as_float_array(bias, "bias")
+        try:
+            np.broadcast_shapes(bias.shape, scores_shape)
+        except ValueError:
+            raise ValueError(
+                f"bias of shape {bias.shape} does not broadcast to the scores' shape "
+                f"{scores_shape} (..., Tq, Tk)"
+            ) from None
+        scores = np.add(scores, bias, dtype=scores.dtype)
     if mask is not None:
-        scores_shape = (*batch_shape, q.shape[-2], k.shape[-2])
         mask = _check_mask(mask, scores_shape)
-        scores = np.where(mask, scores, -np.inf).astype(scores.dtype)
+        scores = np.where(mask, scores, -np.inf).astype(scores.dtype, copy=False)
     weights = softmax(scores, axis=-1)  # (..., Tq, Tk)
     output = weights @ v  # (..., Tq, d_v)
     return output, weights
+
+
+def init_linear_weight(d_in: int, d_out: int, rng: np.random.Generator,
+                       dtype=np.float64) -> np.ndarray:
+    """A random ``(d_in, d_out)`` weight with entries of standard deviation ``1/sqrt(d_in)``.
+
+    With this scale ``x @ W`` has entries of about the same size as those of ``x`` (each
+    output sums ``d_in`` products), so scores neither vanish nor blow up as ``d_in`` grows.
+    Plain ``rng.standard_normal`` weights make each projection ``sqrt(d_in)`` times larger
+    and push softmax into saturation (chapter 05 shows it).
+
+    Parameters
+    ----------
+    d_in, d_out : int
+        Input and output sizes.
+    rng : numpy.random.Generator
+        The source of randomness (no global state).
+    dtype : numpy dtype, default float64
+
+    Returns
+    -------
+    numpy.ndarray
+
+    Shapes
+    ------
+    -> (d_in, d_out)
+
+    Raises
+    ------
+    TypeError, ValueError
+        If a size is not a positive integer or ``rng`` is not a Generator.
+
+    Notes
+    -----
+    Derived in chapter 05, *Self-attention with learned projections*.
+
+    Examples
+    --------
+    >>> init_linear_weight(4, 2, np.random.default_rng(0)).shape
+    (4, 2)
+    """
+    d_in = check_positive_int(d_in, "d_in")
+    d_out = check_positive_int(d_out, "d_out")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator; got {type(rng).__name__}")
+    weight = rng.standard_normal((d_in, d_out)) / math.sqrt(d_in)
+    return weight.astype(dtype)
+
+
+@dataclass
+class SelfAttention:
+    """Self-attention with learned projections: ``attention(x W_q, x W_k, x W_v)``.
+
+    Each token's vector ``x`` is projected three ways: ``W_q`` makes the query (what this
+    token asks for), ``W_k`` the key (what it offers to be matched on) and ``W_v`` the value
+    (what it hands over when attended to). Part I used identity projections; here they are
+    parameters a model learns.
+
+    Attributes
+    ----------
+    W_q, W_k : numpy.ndarray
+        Query and key projections, ``(d_model, d_k)``.
+    W_v : numpy.ndarray
+        Value projection, ``(d_model, d_v)``.
+
+    Shapes
+    ------
+    x : (..., T, d_model), mask : broadcastable to (..., T, T) -> output : (..., T, d_v),
+    weights : (..., T, T)
+
+    Notes
+    -----
+    Derived in chapter 05, *Self-attention with learned projections*.
+
+    Examples
+    --------
+    >>> layer = SelfAttention.init(8, 4, 6, np.random.default_rng(0))
+    >>> output, weights = layer(np.ones((2, 3, 8)))
+    >>> output.shape, weights.shape
+    ((2, 3, 6), (2, 3, 3))
+    """
+
+    W_q: np.ndarray
+    W_k: np.ndarray
+    W_v: np.ndarray
+
+    def __post_init__(self):
+        self.W_q = as_float_array(self.W_q, "W_q", min_ndim=2)
+        self.W_k = as_float_array(self.W_k, "W_k", min_ndim=2)
+        self.W_v = as_float_array(self.W_v, "W_v", min_ndim=2)
+        for name, weight in (("W_q", self.W_q), ("W_k", self.W_k), ("W_v", self.W_v)):
+            if weight.ndim != 2:
+                raise ValueError(f"{name} must be 2-d (d_model, d_out); got shape {weight.shape}")
+        if not self.W_q.shape[0] == self.W_k.shape[0] == self.W_v.shape[0]:
+            raise ValueError(
+                f"W_q, W_k and W_v must all take d_model inputs; got shapes {self.W_q.shape}, "
+                f"{self.W_k.shape}, {self.W_v.shape}"
+            )
+        if self.W_q.shape[1] != self.W_k.shape[1]:
+            raise ValueError(
+                f"W_q makes d_k={self.W_q.shape[1]} but W_k makes d_k={self.W_k.shape[1]}; "
+                "queries and keys must have the same size"
+            )
+
+    @classmethod
+    def init(cls, d_model: int, d_k: int, d_v: int, rng: np.random.Generator,
+             dtype=np.float64) -> SelfAttention:
+        """Random projections scaled by ``1/sqrt(d_model)`` (see :func:`init_linear_weight`)."""
+        return cls(
+            W_q=init_linear_weight(d_model, d_k, rng, dtype),
+            W_k=init_linear_weight(d_model, d_k, rng, dtype),
+            W_v=init_linear_weight(d_model, d_v, rng, dtype),
+        )
+
+    def __call__(self, x, mask=None):
+        """Attend from every token of ``x`` to every token of ``x``; return (output, weights)."""
+        x = as_float_array(x, "x", min_ndim=2)
+        if x.shape[-1] != self.W_q.shape[0]:
+            raise ValueError(
+                f"x has d_model={x.shape[-1]} features but the projections expect "
+                f"{self.W_q.shape[0]} (x.shape={x.shape}, W_q.shape={self.W_q.shape})"
+            )
+        q = x @ self.W_q  # (..., T, d_k)
+        k = x @ self.W_k  # (..., T, d_k)
+        v = x @ self.W_v  # (..., T, d_v)
+        return scaled_dot_product_attention(q, k, v, mask=mask)

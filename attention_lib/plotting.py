@@ -52,8 +52,8 @@ def attention_heatmap(
         The matrix to draw; for scores pass ``vmin=None, vmax=None`` and a
         ``colorbar_label``.
     query_tokens, key_tokens : sequence of str, optional
-        Row and column labels; ``key_tokens`` defaults to ``query_tokens``, both to
-        positions ``0, 1, ...``.
+        Row and column labels; for a square matrix ``key_tokens`` defaults to
+        ``query_tokens``, otherwise to positions ``0, 1, ...``, as ``query_tokens`` does.
     ax : matplotlib.axes.Axes, optional
         Where to draw; a new figure if omitted.
     mask : array_like of bool, optional
@@ -87,8 +87,9 @@ def attention_heatmap(
     weights = np.asarray(weights, dtype=float)
     if weights.ndim != 2:
         raise ValueError(f"weights must be 2-d (Tq, Tk); got shape {weights.shape}")
+    if key_tokens is None and weights.shape[0] == weights.shape[1]:
+        key_tokens = query_tokens  # self-attention: the same tokens on both axes
     query_tokens = _check_labels(query_tokens, weights.shape[0], "query_tokens")
-    key_tokens = query_tokens if key_tokens is None else key_tokens
     key_tokens = _check_labels(key_tokens, weights.shape[1], "key_tokens")
     if ax is None:
         size = (1.0 + 0.6 * weights.shape[1], 0.8 + 0.5 * weights.shape[0])
@@ -181,6 +182,8 @@ def plot_vectors_2d(
     labels = _check_labels(labels, len(vectors), "labels")
     if colors is None:
         colors = sns.color_palette("colorblind", len(vectors))
+    elif len(colors) != len(vectors):
+        raise ValueError(f"colors has {len(colors)} entries but there are {len(vectors)} vectors")
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 5))
     for vector, label, color in zip(vectors, labels, colors):
@@ -273,6 +276,11 @@ def plot_heads(
     if weights.ndim != 3:
         raise ValueError(f"weights must be 3-d (H, Tq, Tk); got shape {weights.shape}")
     num_heads = weights.shape[0]
+    if num_heads == 0:
+        raise ValueError(f"weights has no heads (shape {weights.shape})")
+    if ncols is not None and (isinstance(ncols, bool) or not isinstance(ncols, (int, np.integer))
+                              or ncols < 1):
+        raise ValueError(f"ncols must be a positive integer; got {ncols!r}")
     if mask is not None:
         mask = np.asarray(mask, dtype=bool)
         try:

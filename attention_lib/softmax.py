@@ -10,10 +10,11 @@ __all__ = ["softmax", "log_softmax"]
 
 
 def _shifted_logits(x, axis: int) -> tuple[np.ndarray, int]:
-    """Check ``x`` and subtract each row's maximum, so the largest logit becomes 0.
+    """Check ``x`` and return ``x`` minus each row's maximum (a new array), and the axis.
 
-    Rows whose logits are all ``-inf`` are shifted by 0 instead (their maximum is ``-inf``
-    and ``-inf - -inf`` is NaN); the callers give such rows zero weight.
+    After the shift the largest logit of every row is 0, so no ``exp`` can overflow. Rows
+    whose logits are all ``-inf`` are shifted by 0 instead (their maximum is ``-inf`` and
+    ``-inf - -inf`` is NaN); the callers give such rows zero weight.
     """
     x = as_float_array(x, "x", min_ndim=1)
     axis = check_axis(axis, x.ndim, "x")
@@ -21,11 +22,16 @@ def _shifted_logits(x, axis: int) -> tuple[np.ndarray, int]:
         raise ValueError(
             f"x has length 0 along axis {axis} (shape {x.shape}); nothing to normalize"
         )
-    if np.isnan(x).any() or np.isposinf(x).any():
-        raise ValueError("x contains NaN or +inf; softmax is defined for finite logits and -inf")
     row_max = np.max(x, axis=axis, keepdims=True)
-    row_max = np.where(np.isneginf(row_max), 0, row_max).astype(x.dtype)
-    return x - row_max, axis
+    # The maximum is NaN if the row holds a NaN and +inf if it holds +inf: checking the
+    # (small) array of maxima checks every entry.
+    if np.isnan(row_max).any() or np.isposinf(row_max).any():
+        raise ValueError("x contains NaN or +inf; softmax is defined for finite logits and -inf")
+    row_max[np.isneginf(row_max)] = 0
+    # Logits spread wider than the float range (1e308 and -1e308) overflow to -inf here,
+    # which is right: their weight underflows to 0 anyway.
+    with np.errstate(over="ignore"):
+        return np.subtract(x, row_max, dtype=x.dtype), axis
 
 
 def softmax(x, axis: int = -1) -> np.ndarray:
@@ -68,11 +74,12 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     >>> softmax([1.0, 2.0, 3.0]).round(4)
     array([0.09  , 0.2447, 0.6652])
     """
-    shifted, axis = _shifted_logits(x, axis)
-    exps = np.exp(shifted)
+    exps, axis = _shifted_logits(x, axis)
+    np.exp(exps, out=exps)  # in place: the shifted logits are a fresh array
     sums = np.sum(exps, axis=axis, keepdims=True)
-    safe_sums = np.where(sums > 0, sums, 1).astype(exps.dtype)
-    return exps / safe_sums  # an all -inf row has exps == 0, so it stays 0
+    sums[sums == 0] = 1  # an all -inf row has exps == 0, so it stays 0
+    exps /= sums
+    return exps
 
 
 def log_softmax(x, axis: int = -1) -> np.ndarray:

@@ -1,0 +1,34 @@
+"""Shared test setup: a headless matplotlib backend, closed figures, one hypothesis profile."""
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot is imported anywhere: no display needed
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# Property tests: a modest number of examples, no per-example deadline (the first call of a
+# function can be slow on a busy CI machine), reproducible example sequences (a CI failure
+# reproduces locally) and no example database. Hypothesis still keeps a small cache in
+# .hypothesis/ (it writes its own .gitignore there).
+settings.register_profile(
+    "attention_lib",
+    max_examples=50,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+# A longer hunt, for a maintainer who changed the library: pytest --hypothesis-profile=thorough
+settings.register_profile(
+    "thorough", parent=settings.get_profile("attention_lib"), max_examples=2000, derandomize=False
+)
+settings.load_profile("attention_lib")
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    """Close every figure a test opened, so figures never pile up across tests."""
+    yield
+    plt.close("all")

@@ -1,0 +1,260 @@
+"""softmax and log_softmax (chapter 02): values, shapes, dtypes, bad input, numerics, properties."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import array_shapes, arrays
+
+from attention_lib import log_softmax, softmax
+
+BOTH = pytest.mark.parametrize("func", [softmax, log_softmax])
+LN2 = math.log(2.0)
+
+
+def no_warnings(func, *args, **kwargs):
+    """Call ``func`` with every warning turned into an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return func(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- hand-worked values
+
+
+def test_softmax_of_zero_and_ln2_is_one_third_two_thirds():
+    # exp(0) = 1, exp(ln 2) = 2, total 3.
+    np.testing.assert_allclose(softmax([0.0, LN2]), [1 / 3, 2 / 3], rtol=1e-15)
+
+
+def test_log_softmax_of_zero_and_ln2_is_log_of_one_third_two_thirds():
+    np.testing.assert_allclose(
+        log_softmax([0.0, LN2]), [math.log(1 / 3), math.log(2 / 3)], rtol=1e-15
+    )
+
+
+def test_softmax_of_one_two_three_matches_exp_over_sum():
+    e1, e2, e3 = math.exp(1), math.exp(2), math.exp(3)
+    total = e1 + e2 + e3
+    np.testing.assert_allclose(softmax([1.0, 2.0, 3.0]), [e1 / total, e2 / total, e3 / total])
+
+
+def test_equal_logits_give_uniform_weights():
+    np.testing.assert_allclose(softmax([5.0, 5.0, 5.0, 5.0]), [0.25] * 4, rtol=1e-15)
+    np.testing.assert_allclose(log_softmax([-3.0] * 4), [-math.log(4)] * 4, rtol=1e-15)
+
+
+def test_a_single_logit_gets_all_the_weight():
+    assert softmax([-7.5]).tolist() == [1.0]
+    assert log_softmax([123.0]).tolist() == [0.0]
+
+
+# --------------------------------------------------------------------------- shapes and axis
+
+
+@BOTH
+def test_output_has_the_shape_of_the_input(func):
+    x = np.random.default_rng(0).normal(size=(2, 3, 5))
+    assert func(x).shape == (2, 3, 5)
+
+
+@BOTH
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, -2, -3])
+def test_axis_picks_the_normalized_dimension(func, axis):
+    x = np.random.default_rng(1).normal(size=(2, 3, 4))
+    moved = np.moveaxis(x, axis, -1)
+    expected = np.moveaxis(func(moved, axis=-1), -1, axis)
+    np.testing.assert_allclose(func(x, axis=axis), expected, rtol=1e-15)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_rows_of_weights_sum_to_one_along_the_chosen_axis(axis):
+    x = np.random.default_rng(2).normal(size=(3, 4, 5))
+    np.testing.assert_allclose(softmax(x, axis=axis).sum(axis=axis), 1.0, rtol=1e-14)
+
+
+def test_rows_are_normalized_independently():
+    x = np.array([[0.0, LN2], [1.0, 1.0], [-np.inf, 0.0]])
+    np.testing.assert_allclose(softmax(x), [[1 / 3, 2 / 3], [0.5, 0.5], [0.0, 1.0]], rtol=1e-15)
+
+
+# --------------------------------------------------------------------------- dtypes
+
+
+@BOTH
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_float_inputs_keep_their_dtype(func, dtype):
+    x = np.array([[0.5, -1.0, 2.0], [-np.inf, 0.0, 1.0]], dtype=dtype)
+    result = func(x)
+    assert result.dtype == dtype
+    np.testing.assert_allclose(result, func(x.astype(np.float64)), rtol=2e-3)
+
+
+@BOTH
+def test_integer_inputs_give_float64(func):
+    result = func(np.array([1, 2, 3], dtype=np.int32))
+    assert result.dtype == np.float64
+    np.testing.assert_allclose(result, func([1.0, 2.0, 3.0]), rtol=1e-15)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@BOTH
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_or_plus_inf_logits_raise_naming_x(func, bad):
+    with pytest.raises(ValueError, match=r"^x contains NaN or \+inf"):
+        func([[0.0, 1.0], [bad, 2.0]])
+
+
+@BOTH
+def test_a_scalar_raises_naming_x(func):
+    with pytest.raises(ValueError, match=r"^x must have at least 1 dimensions; got shape \(\)"):
+        func(3.0)
+
+
+@BOTH
+def test_zero_length_axis_raises_naming_x(func):
+    with pytest.raises(ValueError, match=r"^x has length 0 along axis 1"):
+        func(np.zeros((3, 0)))
+
+
+@BOTH
+@pytest.mark.parametrize("axis", [2, -3])
+def test_out_of_range_axis_raises_naming_axis(func, axis):
+    with pytest.raises(ValueError, match=rf"^axis={axis} is out of range for x with 2 dimensions"):
+        func(np.zeros((2, 3)), axis=axis)
+
+
+@BOTH
+@pytest.mark.parametrize("axis", [0.0, "-1", None, False])
+def test_non_integer_axis_raises_type_error_naming_axis(func, axis):
+    with pytest.raises(TypeError, match=r"^axis must be an integer"):
+        func(np.zeros((2, 3)), axis=axis)
+
+
+@BOTH
+def test_non_numeric_input_raises_type_error_naming_x(func):
+    with pytest.raises(TypeError, match=r"^x must hold real numbers"):
+        func(["a", "b"])
+
+
+# --------------------------------------------------------------------------- numerics
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_logits_of_plus_minus_1e4_give_no_overflow_nan_or_warning(dtype):
+    x = np.array([[1e4, -1e4, 0.0], [-1e4, -1e4, -1e4], [1e4, 1e4, -1e4]], dtype=dtype)
+    weights = no_warnings(softmax, x)
+    logs = no_warnings(log_softmax, x)
+    assert np.isfinite(weights).all() and np.isfinite(logs).all()
+    np.testing.assert_allclose(weights, [[1, 0, 0], [1 / 3] * 3, [0.5, 0.5, 0]], rtol=1e-6)
+    np.testing.assert_allclose(
+        logs,
+        [[0.0, -2e4, -1e4], [-math.log(3)] * 3, [-LN2, -LN2, -2e4 - LN2]],
+        rtol=1e-6,
+        atol=1e-6,
+    )
+
+
+def test_all_minus_inf_rows_give_zero_weights_without_nan_or_warning():
+    x = np.array([[-np.inf, -np.inf, -np.inf], [0.0, LN2, -np.inf]])
+    weights = no_warnings(softmax, x)
+    assert not np.isnan(weights).any()
+    np.testing.assert_array_equal(weights[0], [0.0, 0.0, 0.0])
+    np.testing.assert_allclose(weights[1], [1 / 3, 2 / 3, 0.0], rtol=1e-15)
+
+
+def test_all_minus_inf_rows_give_minus_inf_log_weights_without_nan_or_warning():
+    x = np.array([[-np.inf, -np.inf], [0.0, -np.inf]])
+    logs = no_warnings(log_softmax, x)
+    assert not np.isnan(logs).any()
+    np.testing.assert_array_equal(logs, [[-np.inf, -np.inf], [0.0, -np.inf]])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_minus_inf_rows_along_axis_zero_give_zeros(dtype):
+    x = np.array([[-np.inf, 1.0], [-np.inf, 1.0]], dtype=dtype)
+    weights = no_warnings(softmax, x, axis=0)
+    np.testing.assert_array_equal(weights, [[0.0, 0.5], [0.0, 0.5]])
+    assert weights.dtype == dtype
+
+
+def test_log_softmax_stays_finite_where_log_of_softmax_underflows():
+    x = np.array([0.0, -800.0])  # exp(-800) underflows to 0 in float64
+    assert softmax(x)[1] == 0.0
+    np.testing.assert_allclose(no_warnings(log_softmax, x), [0.0, -800.0], rtol=1e-15)
+
+
+# --------------------------------------------------------------------------- properties
+
+_logit_matrices = arrays(
+    np.float64,
+    array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=6),
+    elements=st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False),
+)
+
+
+@given(x=_logit_matrices)
+def test_weights_are_in_zero_one_and_rows_sum_to_one(x):
+    weights = softmax(x)
+    assert ((weights >= 0) & (weights <= 1)).all()
+    np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-13)
+
+
+@given(
+    x=arrays(
+        np.float64,
+        array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=6),
+        elements=st.one_of(st.just(-np.inf), st.floats(-50, 50)),
+    )
+)
+def test_rows_with_minus_inf_entries_sum_to_one_or_are_all_zero(x):
+    weights = no_warnings(softmax, x)
+    assert not np.isnan(weights).any()
+    np.testing.assert_array_equal(weights[np.isneginf(x)], 0.0)
+    has_mass = ~np.isneginf(x).all(axis=-1)
+    np.testing.assert_allclose(weights[has_mass].sum(axis=-1), 1.0, rtol=1e-13)
+    np.testing.assert_array_equal(weights[~has_mass], 0.0)
+
+
+@given(x=_logit_matrices, shift=st.floats(-1e3, 1e3))
+def test_softmax_ignores_a_constant_shift(x, shift):
+    np.testing.assert_allclose(softmax(x + shift), softmax(x), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(log_softmax(x + shift), log_softmax(x), rtol=1e-9, atol=1e-9)
+
+
+@given(x=_logit_matrices)
+def test_log_softmax_equals_log_of_softmax_where_weights_are_not_tiny(x):
+    weights = softmax(x)
+    visible = weights > 1e-300
+    expected = np.log(np.where(visible, weights, 1.0))
+    np.testing.assert_allclose(log_softmax(x)[visible], expected[visible], rtol=1e-12, atol=1e-10)
+
+
+@given(x=_logit_matrices)
+def test_exp_of_log_softmax_is_softmax(x):
+    np.testing.assert_allclose(np.exp(log_softmax(x)), softmax(x), rtol=1e-12, atol=1e-300)
+
+
+@given(x=arrays(np.float64, st.integers(2, 8), elements=st.floats(-30, 30)))
+def test_a_larger_logit_never_gets_a_smaller_weight(x):
+    weights = softmax(x)
+    order = np.argsort(x, kind="stable")
+    assert (np.diff(weights[order]) >= 0).all()
+
+
+@given(
+    x=arrays(
+        np.float32,
+        array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=6),
+        elements=st.floats(-1e4, 1e4, width=32),
+    )
+)
+def test_float32_weights_stay_float32_and_sum_to_one(x):
+    weights = no_warnings(softmax, x)
+    assert weights.dtype == np.float32
+    np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-5)
