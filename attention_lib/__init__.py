@@ -4,6 +4,17 @@ Every public function names, in its docstring, the chapter that derives it.
 """
 
 from .attention import SelfAttention, init_linear_weight, scaled_dot_product_attention
+from .blocks import (
+    Decoder,
+    DecoderBlock,
+    DecoderOnlyLM,
+    Encoder,
+    EncoderBlock,
+    EncoderDecoder,
+    embed_tokens,
+)
+from .cache import KVCache, greedy_decode
+from .layers import FeedForward, LayerNorm, RMSNorm, gelu, relu, silu
 from .masks import causal_mask, padding_mask
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .positional import alibi_bias, alibi_slopes, apply_rope, sinusoidal_encoding
@@ -13,6 +24,21 @@ from .softmax import log_softmax, softmax
 __version__ = "0.1.0"
 
 __all__ = [
+    "Decoder",
+    "DecoderBlock",
+    "DecoderOnlyLM",
+    "Encoder",
+    "EncoderBlock",
+    "EncoderDecoder",
+    "FeedForward",
+    "KVCache",
+    "LayerNorm",
+    "RMSNorm",
+    "embed_tokens",
+    "gelu",
+    "greedy_decode",
+    "relu",
+    "silu",
     "MultiHeadAttention",
     "SelfAttention",
     "alibi_bias",

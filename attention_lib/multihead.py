@@ -199,8 +199,13 @@ class MultiHeadAttention:
         biases = {name: np.zeros(d_model, dtype=dtype) for name in ("b_q", "b_k", "b_v", "b_o")}
         return cls(**weights, **biases, num_heads=num_heads)
 
-    def __call__(self, x, context=None, mask=None):
-        """Attend from ``x`` to ``context`` (to ``x`` itself if ``context`` is None)."""
+    def __call__(self, x, context=None, mask=None, cache=None):
+        """Attend from ``x`` to ``context`` (to ``x`` itself if ``context`` is None).
+
+        With ``cache`` (a :class:`~attention_lib.cache.LayerCache`, self-attention only), the
+        keys and values of ``x`` are appended to the cache and the queries attend to every
+        cached position; ``mask`` must then cover all of them, ``(..., Tq, cache length)``.
+        """
         x = as_float_array(x, "x", min_ndim=2)
         context = x if context is None else as_float_array(context, "context", min_ndim=2)
         for name, array in (("x", x), ("context", context)):
@@ -209,9 +214,13 @@ class MultiHeadAttention:
                     f"{name} has {array.shape[-1]} features but the layer has "
                     f"d_model={self.d_model} ({name}.shape={array.shape})"
                 )
+        if cache is not None and context is not x:
+            raise ValueError("a KV cache is for self-attention; pass context=None with cache")
         q = split_heads(x @ self.W_q + self.b_q, self.num_heads)  # (..., H, Tq, d_head)
         k = split_heads(context @ self.W_k + self.b_k, self.num_heads)  # (..., H, Tk, d_head)
         v = split_heads(context @ self.W_v + self.b_v, self.num_heads)  # (..., H, Tk, d_head)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (..., H, cached + Tq, d_head)
         heads, weights = scaled_dot_product_attention(q, k, v, mask=_heads_mask(mask))
         output = merge_heads(heads) @ self.W_o + self.b_o  # (..., Tq, d_model)
         return output, weights
