@@ -212,7 +212,9 @@ class SelfAttention:
 
     Attributes
     ----------
-    W_q, W_k : numpy.ndarray
+    W_q : numpy.ndarray
+        Query and key projections, ``(d_model, d_k)``.
+    W_k : numpy.ndarray
         Query and key projections, ``(d_model, d_k)``.
     W_v : numpy.ndarray
         Value projection, ``(d_model, d_v)``.

@@ -33,7 +33,9 @@ class EncoderBlock:
     ----------
     self_attn : MultiHeadAttention
     ff : FeedForward
-    norm1, norm2 : LayerNorm
+    norm1 : LayerNorm
+        ``norm1`` goes with attention, ``norm2`` with the feed-forward network.
+    norm2 : LayerNorm
         ``norm1`` goes with attention, ``norm2`` with the feed-forward network.
     norm_first : bool, default False
         False: post-LN, ``x = norm1(x + attn(x)); x = norm2(x + ff(x))`` (the 2017 paper).
@@ -88,9 +90,14 @@ class DecoderBlock:
 
     Attributes
     ----------
-    self_attn, cross_attn : MultiHeadAttention
+    self_attn : MultiHeadAttention
+    cross_attn : MultiHeadAttention
     ff : FeedForward
-    norm1, norm2, norm3 : LayerNorm
+    norm1 : LayerNorm
+        For self-attention, cross-attention and the feed-forward network.
+    norm2 : LayerNorm
+        For self-attention, cross-attention and the feed-forward network.
+    norm3 : LayerNorm
         For self-attention, cross-attention and the feed-forward network.
     norm_first : bool, default False
         Post-LN (False, the 2017 paper) or pre-LN (True), as in :class:`EncoderBlock`.

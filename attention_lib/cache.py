@@ -22,7 +22,9 @@ class KVCache:
 
     Attributes
     ----------
-    keys, values : numpy.ndarray
+    keys : numpy.ndarray
+        ``(num_layers, *batch_shape, num_kv_heads, capacity, d_head)``.
+    values : numpy.ndarray
         ``(num_layers, *batch_shape, num_kv_heads, capacity, d_head)``.
     lengths : numpy.ndarray
         Positions filled so far, per layer, ``(num_layers,)``.

@@ -125,7 +125,9 @@ class LayerNorm:
 
     Attributes
     ----------
-    gamma, beta : numpy.ndarray
+    gamma : numpy.ndarray
+        Learned scale and shift, ``(d,)``.
+    beta : numpy.ndarray
         Learned scale and shift, ``(d,)``.
     eps : float
         Added to the variance; PyTorch's default is 1e-5 (BERT uses 1e-12).

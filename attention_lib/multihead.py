@@ -118,9 +118,21 @@ class MultiHeadAttention:
 
     Attributes
     ----------
-    W_q, W_k, W_v, W_o : numpy.ndarray
+    W_q : numpy.ndarray
         Projections, each ``(d_model, d_model)``; ``y = x @ W + b``.
-    b_q, b_k, b_v, b_o : numpy.ndarray
+    W_k : numpy.ndarray
+        Projections, each ``(d_model, d_model)``; ``y = x @ W + b``.
+    W_v : numpy.ndarray
+        Projections, each ``(d_model, d_model)``; ``y = x @ W + b``.
+    W_o : numpy.ndarray
+        Projections, each ``(d_model, d_model)``; ``y = x @ W + b``.
+    b_q : numpy.ndarray
+        Biases, each ``(d_model,)`` (zeros for a layer without bias).
+    b_k : numpy.ndarray
+        Biases, each ``(d_model,)`` (zeros for a layer without bias).
+    b_v : numpy.ndarray
+        Biases, each ``(d_model,)`` (zeros for a layer without bias).
+    b_o : numpy.ndarray
         Biases, each ``(d_model,)`` (zeros for a layer without bias).
     num_heads : int
         Number of heads ``H``; ``d_head = d_model // H``.

@@ -174,8 +174,8 @@ def alibi_bias(num_heads: int, Tq: int, Tk: int | None = None) -> np.ndarray:
     """ALiBi: a penalty on the scores that grows linearly with the distance to the key.
 
     ``bias[h, i, j] = -slope_h * |i - j|``, with the queries taken as the last ``Tq`` of the
-    ``Tk`` positions (as in :func:`~attention_lib.causal_mask`). Add it to the scores
-    (``bias=`` of :func:`~attention_lib.scaled_dot_product_attention`); with a causal mask
+    ``Tk`` positions (as in :func:`~attention_lib.masks.causal_mask`). Add it to the scores
+    (``bias=`` of :func:`~attention_lib.attention.scaled_dot_product_attention`); with a causal mask
     only ``j <= i`` matters, where it equals the paper's ``slope_h * (j - i)``.
 
     Parameters

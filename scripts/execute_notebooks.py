@@ -4,13 +4,16 @@
     python scripts/execute_notebooks.py --all        # every notebook listed in _toc.yml
 
 Each notebook runs top to bottom in a fresh kernel (working directory: its own folder),
-its outputs are stored, and the time it took is printed. Run it before committing a notebook.
+its outputs are stored, and the time it took is printed and recorded in the notebook's
+metadata for the status page (book/status.md). Run it before committing a notebook.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import pathlib
+import platform
 import re
 import sys
 import time
@@ -41,6 +44,12 @@ def execute(path: pathlib.Path, timeout: int = 600) -> float:
     start = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - start
+    # What the status page shows (book/status.md); nbval ignores metadata.
+    notebook.metadata["course"] = {"last_run": {
+        "seconds": round(seconds, 1),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
+        "python": platform.python_version(),
+    }}
     nbformat.write(notebook, path)
     return seconds
 

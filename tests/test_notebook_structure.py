@@ -94,3 +94,21 @@ def test_no_global_random_state(name):
                  if re.search(r"np\.random\.(seed|rand|randn|randint|normal|uniform|choice)\(",
                               source(c))]
     assert not offenders, "use rng = np.random.default_rng(SEED) instead of the global RNG"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_solution_checks_itself_in_code(name):
+    cells, unchecked, current = load(name), [], None
+    for cell in cells:
+        text = source(cell)
+        start = re.search(r"\{solution-start\}\s+(\S+)", text)
+        if cell["cell_type"] == "markdown" and start:
+            current, checked = start.group(1), False
+        elif cell["cell_type"] == "markdown" and "{solution-end}" in text and current:
+            if not checked:
+                unchecked.append(current)
+            current = None
+        elif cell["cell_type"] == "code" and current:
+            checked = checked or bool(re.search(r"\bassert\b|assert_allclose|assert_array_equal",
+                                                text))
+    assert not unchecked, f"solutions with no checking code cell: {unchecked}"

@@ -13,12 +13,15 @@ import functools
 import http.server
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import threading
 import urllib.parse
 
 import pytest
+import yaml
+from book_toc import ROOT as BOOK_ROOT
 from book_toc import toc_entries
 from bs4 import BeautifulSoup
 
@@ -174,14 +177,17 @@ def check_link(html: pathlib.Path, page_url: str, href: str, host: str) -> list[
 def site_pages() -> list[str]:
     # The pages are known only after the build; collect them from the sources instead, then
     # test_every_built_page_was_checked makes sure no built page escaped.
-    return [f"{name}.html" for name in toc_entries()] + ["genindex.html", "search.html"]
+    # Sphinx adds the general index, the search page and (for the API page) the module index.
+    return ([f"{name}.html" for name in toc_entries()]
+            + ["genindex.html", "search.html", "py-modindex.html"])
 
 
+@pytest.mark.parametrize("mode", ["light", "dark"])
 @pytest.mark.parametrize("page_path", site_pages())
-def test_page_works_in_a_browser(site, browser, page_path):
+def test_page_works_in_a_browser(site, browser, page_path, mode):
     html, base = site
-    problems = check_page(browser, html, base, page_path, mode="light")
-    assert not problems, f"{page_path}:\n" + "\n".join(sorted(set(problems)))
+    problems = check_page(browser, html, base, page_path, mode=mode)
+    assert not problems, f"{page_path} ({mode}):\n" + "\n".join(sorted(set(problems)))
 
 
 def test_every_built_page_was_checked(site):
@@ -195,3 +201,42 @@ def test_index_redirects_to_the_first_page_which_works_in_dark_mode(site, browse
     problems = check_page(browser, html, base, "index.html", mode="dark",
                           redirects_to="book/intro.html")
     assert not problems, "\n".join(problems)
+
+
+def notebook_pages() -> list[str]:
+    return [name for name in toc_entries() if (BOOK_ROOT / f"{name}.ipynb").exists()]
+
+
+@pytest.mark.parametrize("name", notebook_pages())
+def test_notebook_page_launches_the_configured_repository(build, name):
+    html, _, _ = build
+    repository = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    slug = repository["url"].removeprefix("https://github.com/")
+    branch, prefix = repository["branch"], repository["path_to_book"]
+    page = (html / f"{name}.html").read_text(encoding="utf-8")
+    soup = BeautifulSoup(page, "html.parser")
+    hrefs = {a["href"] for a in soup.find_all("a", href=True)}
+    binder = f"https://mybinder.org/v2/gh/{slug}/{branch}?urlpath=tree/{prefix}{name}.ipynb"
+    colab = f"https://colab.research.google.com/github/{slug}/blob/{branch}/{prefix}{name}.ipynb"
+    assert binder in hrefs, f"no Binder button for {binder}"
+    assert colab in hrefs, f"no Colab button for {colab}"
+    assert soup.find(class_="btn-launch-thebe"), "no Live Code (Thebe) button"
+    thebe_config = soup.find("script", type="text/x-thebe-config").string
+    assert f'repo: "{slug}"' in thebe_config and f'ref: "{branch}"' in thebe_config
+
+
+@pytest.mark.parametrize("name", notebook_pages())
+def test_notebook_page_offers_its_notebook_for_download(build, name):
+    html, _, _ = build
+    page = (html / f"{name}.html").read_text(encoding="utf-8")
+    download = f"_sources/{name}.ipynb"
+    assert download in page, "no download link to the .ipynb"
+    assert (html / download).exists()
+
+
+def test_no_link_points_at_the_jupyter_book_project(build):
+    html, _, _ = build
+    pattern = re.compile(r'href="[^"]*(executablebooks|jupyter-book/jupyter-book)')
+    offenders = [str(path.relative_to(html)) for path in html.rglob("*.html")
+                 if pattern.search(path.read_text(encoding="utf-8"))]
+    assert not offenders, f"pages linking to the jupyter-book project: {offenders}"

@@ -1,0 +1,56 @@
+"""The ``course-status`` directive: a table of every chapter notebook and its last run.
+
+``scripts/execute_notebooks.py`` stores, in each notebook's metadata under ``course``,
+how long its last top-to-bottom run took and when. This directive reads the notebooks the
+book builds and lists them, like the status page of the QuantEcon lectures.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from docutils import nodes
+from docutils.statemachine import StringList
+from sphinx.util.docutils import SphinxDirective
+
+
+def _title(cells: list[dict]) -> str:
+    for cell in cells:
+        if cell["cell_type"] == "markdown":
+            for line in "".join(cell["source"]).splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return "(untitled)"
+
+
+class CourseStatus(SphinxDirective):
+    has_content = False
+
+    def run(self):
+        rows = []
+        for path in sorted(pathlib.Path(self.env.srcdir, "book").glob("[0-9][0-9]_*.ipynb")):
+            docname = f"book/{path.stem}"
+            if docname not in self.env.found_docs:
+                continue
+            self.env.note_dependency(str(path))
+            notebook = json.loads(path.read_text())
+            run = notebook.get("metadata", {}).get("course", {}).get("last_run", {})
+            seconds = run.get("seconds")
+            rows.append((path.name[:2], docname, _title(notebook["cells"]),
+                         "not recorded" if seconds is None else f"{seconds:.1f}",
+                         run.get("date", "not recorded"), run.get("python", "")))
+        lines = [".. list-table::", "   :header-rows: 1", "   :widths: 6 44 14 18 18", "",
+                 "   * - chapter", "     - notebook", "     - seconds", "     - last run (UTC)",
+                 "     - Python"]
+        for number, docname, title, seconds, date, python in rows:
+            lines += [f"   * - {int(number)}", f"     - :doc:`{title} </{docname}>`",
+                      f"     - {seconds}", f"     - {date}", f"     - {python}"]
+        container = nodes.container()
+        self.state.nested_parse(StringList(lines), self.content_offset, container)
+        return container.children
+
+
+def setup(app):
+    app.add_directive("course-status", CourseStatus)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
