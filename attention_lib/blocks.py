@@ -211,11 +211,16 @@ def embed_tokens(embedding: np.ndarray, tokens, start: int = 0) -> np.ndarray:
     Derived in chapter 09, *Decoder and cross-attention*.
     """
     tokens = np.asarray(tokens)
+    embedding = np.asarray(embedding)
+    if embedding.ndim != 2:
+        raise ValueError(f"embedding must be 2-d (V, d_model); got shape {embedding.shape}")
     if not np.issubdtype(tokens.dtype, np.integer):
         raise TypeError(f"tokens must be integer ids; got dtype {tokens.dtype}")
+    if tokens.ndim < 1 or tokens.shape[-1] < 1:
+        raise ValueError(f"tokens must have shape (..., T) with T >= 1; got {tokens.shape}")
     vocab_size, d_model = embedding.shape
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
-        raise ValueError(f"token ids must be in [0, {vocab_size}); got min {tokens.min()}, "
+    if tokens.min() < 0 or tokens.max() >= vocab_size:
+        raise ValueError(f"tokens must be ids in [0, {vocab_size}); got min {tokens.min()}, "
                          f"max {tokens.max()}")
     T = tokens.shape[-1]
     positions = sinusoidal_encoding(start + T, d_model)[start:].astype(embedding.dtype)

@@ -101,8 +101,7 @@ def _heads_mask(mask):
     if mask is None:
         return None
     mask = np.asarray(mask)
-    if mask.ndim < 2:
-        raise ValueError(f"mask must have at least 2 dimensions (..., Tq, Tk); got {mask.shape}")
+    mask = mask.reshape((1,) * max(0, 2 - mask.ndim) + mask.shape)  # a (Tk,) mask is (1, Tk)
     return mask[..., None, :, :]  # (..., 1, Tq, Tk)
 
 

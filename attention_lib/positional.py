@@ -112,12 +112,14 @@ def apply_rope(x, positions, base: float = 10000.0) -> np.ndarray:
         raise ValueError(f"apply_rope needs an even number of features; x has d={d} ({x.shape})")
     positions = np.asarray(positions)
     try:
-        np.broadcast_shapes(positions.shape, x.shape[:-1])
+        fits = np.broadcast_shapes(positions.shape, x.shape[:-1]) == x.shape[:-1]
     except ValueError:
+        fits = False
+    if not fits:
         raise ValueError(
             f"positions of shape {positions.shape} do not broadcast to x.shape[:-1]="
             f"{x.shape[:-1]} (one position per token)"
-        ) from None
+        )
     frequencies = base ** (-np.arange(0, d, 2) / d)  # (d/2,)
     angles = positions[..., None] * frequencies  # (..., T, d/2)
     cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
