@@ -14,9 +14,9 @@ from .blocks import (
     embed_tokens,
 )
 from .cache import KVCache, greedy_decode
-from .layers import FeedForward, LayerNorm, RMSNorm, gelu, relu, silu
+from .layers import FeedForward, GatedFeedForward, LayerNorm, RMSNorm, gelu, gelu_tanh, relu, silu
 from .masks import causal_mask, padding_mask
-from .multihead import MultiHeadAttention, merge_heads, split_heads
+from .multihead import MultiHeadAttention, grouped_attention, merge_heads, split_heads
 from .positional import alibi_bias, alibi_slopes, apply_rope, sinusoidal_encoding
 from .similarity import angle_degrees, cosine_similarity
 from .softmax import log_softmax, softmax
@@ -31,12 +31,15 @@ __all__ = [
     "EncoderBlock",
     "EncoderDecoder",
     "FeedForward",
+    "GatedFeedForward",
     "KVCache",
     "LayerNorm",
     "RMSNorm",
     "embed_tokens",
     "gelu",
+    "gelu_tanh",
     "greedy_decode",
+    "grouped_attention",
     "relu",
     "silu",
     "MultiHeadAttention",

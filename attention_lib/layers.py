@@ -12,7 +12,7 @@ from ._checks import as_float_array, check_positive_int
 from .attention import init_linear_weight
 
 __all__ = ["relu", "gelu", "gelu_tanh", "silu", "ACTIVATIONS", "LayerNorm", "RMSNorm",
-           "FeedForward"]
+           "FeedForward", "GatedFeedForward"]
 
 
 def relu(x) -> np.ndarray:
@@ -301,3 +301,73 @@ class FeedForward:
         _check_features(x, self.W1.shape[0], "FeedForward")
         hidden = ACTIVATIONS[self.activation](x @ self.W1 + self.b1)  # (..., T, d_ff)
         return hidden @ self.W2 + self.b2  # (..., T, d_model)
+
+
+@dataclass
+class GatedFeedForward:
+    """The gated feed-forward network of Llama-style models (SwiGLU with ``silu``).
+
+    ``(activation(x W_gate) * (x W_up)) W_down``: one projection, passed through the
+    activation, gates another elementwise; no biases.
+
+    Attributes
+    ----------
+    W_gate : numpy.ndarray
+        ``(d_model, d_ff)``.
+    W_up : numpy.ndarray
+        ``(d_model, d_ff)``.
+    W_down : numpy.ndarray
+        ``(d_ff, d_model)``.
+    activation : str
+        A key of :data:`ACTIVATIONS`; ``"silu"`` gives SwiGLU.
+
+    Shapes
+    ------
+    x : (..., T, d_model) -> (..., T, d_model)
+
+    Notes
+    -----
+    Derived in chapter 08, *The transformer block*; used by the real decoder of chapter 14.
+
+    Examples
+    --------
+    >>> ff = GatedFeedForward.init(4, 16, np.random.default_rng(0))
+    >>> ff(np.ones((3, 4))).shape
+    (3, 4)
+    """
+
+    W_gate: np.ndarray
+    W_up: np.ndarray
+    W_down: np.ndarray
+    activation: str = "silu"
+
+    def __post_init__(self):
+        for name in ("W_gate", "W_up", "W_down"):
+            setattr(self, name, as_float_array(getattr(self, name), name, min_ndim=2))
+        d_model, d_ff = self.W_gate.shape
+        if self.W_up.shape != (d_model, d_ff) or self.W_down.shape != (d_ff, d_model):
+            raise ValueError(
+                f"with W_gate of shape {self.W_gate.shape} = (d_model, d_ff), expected W_up "
+                f"({d_model}, {d_ff}) and W_down ({d_ff}, {d_model}); got {self.W_up.shape} "
+                f"and {self.W_down.shape}"
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {sorted(ACTIVATIONS)}; got {self.activation!r}"
+            )
+
+    @classmethod
+    def init(cls, d_model: int, d_ff: int, rng: np.random.Generator,
+             activation: str = "silu", dtype=np.float64) -> GatedFeedForward:
+        return cls(
+            W_gate=init_linear_weight(d_model, d_ff, rng, dtype),
+            W_up=init_linear_weight(d_model, d_ff, rng, dtype),
+            W_down=init_linear_weight(d_ff, d_model, rng, dtype),
+            activation=activation,
+        )
+
+    def __call__(self, x) -> np.ndarray:
+        x = as_float_array(x, "x", min_ndim=1)
+        _check_features(x, self.W_gate.shape[0], "GatedFeedForward")
+        gate = ACTIVATIONS[self.activation](x @ self.W_gate)  # (..., T, d_ff)
+        return (gate * (x @ self.W_up)) @ self.W_down  # (..., T, d_model)

@@ -8,8 +8,9 @@ import numpy as np
 
 from ._checks import as_float_array, check_positive_int
 from .attention import init_linear_weight, scaled_dot_product_attention
+from .positional import apply_rope
 
-__all__ = ["split_heads", "merge_heads", "MultiHeadAttention"]
+__all__ = ["split_heads", "merge_heads", "grouped_attention", "MultiHeadAttention"]
 
 
 def split_heads(x, num_heads: int) -> np.ndarray:
@@ -96,6 +97,78 @@ def merge_heads(x) -> np.ndarray:
     return x.reshape(*batch, T, num_heads * d_head)
 
 
+def grouped_attention(q, k, v, mask=None, *, scale=None):
+    """Attention where groups of query heads share one key/value head (GQA; MQA for 1).
+
+    Query head ``h`` uses key/value head ``h // (H / H_kv)``, as PyTorch's
+    ``scaled_dot_product_attention(..., enable_gqa=True)``. No copy of the keys and values
+    is made: the query heads are viewed as ``(H_kv, group)`` and broadcast against them.
+
+    Parameters
+    ----------
+    q : array_like
+        Queries of every query head.
+    k, v : array_like
+        Keys and values of the key/value heads.
+    mask : array_like of bool, optional
+        Broadcastable to ``(..., H, Tq, Tk)``.
+    scale : float, optional
+        As in :func:`~attention_lib.attention.scaled_dot_product_attention`.
+
+    Returns
+    -------
+    output : numpy.ndarray
+    weights : numpy.ndarray
+
+    Shapes
+    ------
+    q : (..., H, Tq, d), k : (..., H_kv, Tk, d), v : (..., H_kv, Tk, d_v) ->
+    output (..., H, Tq, d_v), weights (..., H, Tq, Tk)
+
+    Raises
+    ------
+    ValueError
+        If ``H`` is not a multiple of ``H_kv``, or as
+        :func:`~attention_lib.attention.scaled_dot_product_attention`.
+
+    Notes
+    -----
+    Derived in chapter 11, *Attention at scale*.
+
+    Examples
+    --------
+    >>> q, k = np.ones((4, 3, 2)), np.ones((2, 5, 2))
+    >>> grouped_attention(q, k, k)[1].shape
+    (4, 3, 5)
+    """
+    q = as_float_array(q, "q", min_ndim=3)
+    k = as_float_array(k, "k", min_ndim=3)
+    v = as_float_array(v, "v", min_ndim=3)
+    H, H_kv = q.shape[-3], k.shape[-3]
+    if v.shape[-3] != H_kv:
+        raise ValueError(f"k has {H_kv} heads but v has {v.shape[-3]} (k.shape={k.shape}, "
+                         f"v.shape={v.shape})")
+    if H % H_kv != 0:
+        raise ValueError(f"q has {H} heads, not a multiple of the {H_kv} key/value heads of k "
+                         f"(q.shape={q.shape}, k.shape={k.shape})")
+    if H == H_kv:
+        return scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
+    group = H // H_kv
+    *batch, _, Tq, d = q.shape
+    q_grouped = q.reshape(*batch, H_kv, group, Tq, d)  # (..., H_kv, group, Tq, d)
+    if mask is not None:
+        mask = np.asarray(mask)
+        mask = mask.reshape((1,) * max(0, 3 - mask.ndim) + mask.shape)  # (..., H|1, Tq, Tk)
+        heads_axis = mask.shape[-3]
+        mask = mask.reshape(*mask.shape[:-3], heads_axis // group if heads_axis == H else 1,
+                            group if heads_axis == H else 1, *mask.shape[-2:])
+    output, weights = scaled_dot_product_attention(
+        q_grouped, k[..., None, :, :], v[..., None, :, :], mask=mask, scale=scale)
+    Tk = k.shape[-2]
+    return (output.reshape(*output.shape[:-4], H, Tq, output.shape[-1]),
+            weights.reshape(*weights.shape[:-4], H, Tq, Tk))
+
+
 def _heads_mask(mask):
     """Give a mask for (..., Tq, Tk) scores a head axis, so it applies to every head."""
     if mask is None:
@@ -114,6 +187,10 @@ class MultiHeadAttention:
     self-attention and ``context`` for cross-attention. The per-head projections ``W_q^h``
     are the column blocks of one ``(d_model, d_model)`` matrix ``W_q``: project once, then
     split the result into heads.
+
+    With ``num_kv_heads < num_heads`` it is grouped-query attention (multi-query for 1):
+    ``W_k`` and ``W_v`` make only ``num_kv_heads`` heads, each shared by
+    ``num_heads // num_kv_heads`` query heads, which shrinks the KV cache by that factor.
 
     Attributes
     ----------
@@ -134,7 +211,14 @@ class MultiHeadAttention:
     b_o : numpy.ndarray
         Biases, each ``(d_model,)`` (zeros for a layer without bias).
     num_heads : int
-        Number of heads ``H``; ``d_head = d_model // H``.
+        Number of (query) heads ``H``; ``d_head = d_model // H``.
+    num_kv_heads : int, optional
+        Number of key/value heads; ``None`` (the default) means ``num_heads``. ``W_k``,
+        ``W_v`` are then ``(d_model, num_kv_heads * d_head)`` and ``b_k``, ``b_v`` match.
+    rope_base : float, optional
+        If set, queries and keys are rotated by :func:`~attention_lib.positional.apply_rope`
+        with this base after projection (Llama-style positions; chapter 7). Positions count
+        from the first cached token when a cache is used.
 
     Shapes
     ------
@@ -165,6 +249,8 @@ class MultiHeadAttention:
     b_v: np.ndarray
     b_o: np.ndarray
     num_heads: int
+    num_kv_heads: int | None = None
+    rope_base: float | None = None
 
     def __post_init__(self):
         self.num_heads = check_positive_int(self.num_heads, "num_heads")
@@ -172,23 +258,31 @@ class MultiHeadAttention:
         if self.W_q.ndim != 2:
             raise ValueError(f"W_q must be 2-d (d_model, d_model); got shape {self.W_q.shape}")
         d_model = self.W_q.shape[0]
-        for name in ("W_q", "W_k", "W_v", "W_o"):
-            weight = as_float_array(getattr(self, name), name)
-            if weight.shape != (d_model, d_model):
-                raise ValueError(
-                    f"{name} must have shape (d_model, d_model) = ({d_model}, {d_model}); "
-                    f"got {weight.shape}"
-                )
-            setattr(self, name, weight)
-        for name in ("b_q", "b_k", "b_v", "b_o"):
-            bias = as_float_array(getattr(self, name), name)
-            if bias.shape != (d_model,):
-                raise ValueError(f"{name} must have shape ({d_model},); got {bias.shape}")
-            setattr(self, name, bias)
         if d_model % self.num_heads != 0:
             raise ValueError(
                 f"d_model={d_model} is not divisible by num_heads={self.num_heads}"
             )
+        if self.num_kv_heads is None:
+            self.num_kv_heads = self.num_heads
+        self.num_kv_heads = check_positive_int(self.num_kv_heads, "num_kv_heads")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads={self.num_heads} is not divisible by num_kv_heads="
+                f"{self.num_kv_heads}: each key/value head must serve the same number of "
+                "query heads"
+            )
+        kv_dim = self.num_kv_heads * (d_model // self.num_heads)
+        shapes = {"W_q": (d_model, d_model), "W_k": (d_model, kv_dim), "W_v": (d_model, kv_dim),
+                  "W_o": (d_model, d_model), "b_q": (d_model,), "b_k": (kv_dim,),
+                  "b_v": (kv_dim,), "b_o": (d_model,)}
+        for name, expected in shapes.items():
+            array = as_float_array(getattr(self, name), name)
+            if array.shape != expected:
+                raise ValueError(
+                    f"{name} must have shape {expected}; got {array.shape} (d_model={d_model}, "
+                    f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads})"
+                )
+            setattr(self, name, array)
 
     @property
     def d_model(self) -> int:
@@ -196,19 +290,29 @@ class MultiHeadAttention:
 
     @classmethod
     def init(cls, d_model: int, num_heads: int, rng: np.random.Generator,
-             dtype=np.float64) -> MultiHeadAttention:
+             dtype=np.float64, *, num_kv_heads: int | None = None) -> MultiHeadAttention:
         """Random weights of scale ``1/sqrt(d_model)`` and zero biases (as PyTorch starts them).
 
-        Raises ``ValueError`` if ``num_heads`` does not divide ``d_model``.
+        ``num_kv_heads`` below ``num_heads`` gives grouped-query attention (1: multi-query).
+        Raises ``ValueError`` if ``num_heads`` does not divide ``d_model`` or
+        ``num_kv_heads`` does not divide ``num_heads``.
         """
         d_model = check_positive_int(d_model, "d_model")
         num_heads = check_positive_int(num_heads, "num_heads")
         if d_model % num_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
-        weights = {name: init_linear_weight(d_model, d_model, rng, dtype)
-                   for name in ("W_q", "W_k", "W_v", "W_o")}
-        biases = {name: np.zeros(d_model, dtype=dtype) for name in ("b_q", "b_k", "b_v", "b_o")}
-        return cls(**weights, **biases, num_heads=num_heads)
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        kv_dim = num_kv_heads * (d_model // num_heads)
+        return cls(
+            W_q=init_linear_weight(d_model, d_model, rng, dtype),
+            W_k=init_linear_weight(d_model, kv_dim, rng, dtype),
+            W_v=init_linear_weight(d_model, kv_dim, rng, dtype),
+            W_o=init_linear_weight(d_model, d_model, rng, dtype),
+            b_q=np.zeros(d_model, dtype=dtype), b_k=np.zeros(kv_dim, dtype=dtype),
+            b_v=np.zeros(kv_dim, dtype=dtype), b_o=np.zeros(d_model, dtype=dtype),
+            num_heads=num_heads, num_kv_heads=num_kv_heads,
+        )
 
     def __call__(self, x, context=None, mask=None, cache=None):
         """Attend from ``x`` to ``context`` (to ``x`` itself if ``context`` is None).
@@ -227,11 +331,16 @@ class MultiHeadAttention:
                 )
         if cache is not None and context is not x:
             raise ValueError("a KV cache is for self-attention; pass context=None with cache")
-        q = split_heads(x @ self.W_q + self.b_q, self.num_heads)  # (..., H, Tq, d_head)
-        k = split_heads(context @ self.W_k + self.b_k, self.num_heads)  # (..., H, Tk, d_head)
-        v = split_heads(context @ self.W_v + self.b_v, self.num_heads)  # (..., H, Tk, d_head)
+        H, H_kv = self.num_heads, self.num_kv_heads
+        q = split_heads(x @ self.W_q + self.b_q, H)  # (..., H, Tq, d_head)
+        k = split_heads(context @ self.W_k + self.b_k, H_kv)  # (..., H_kv, Tk, d_head)
+        v = split_heads(context @ self.W_v + self.b_v, H_kv)  # (..., H_kv, Tk, d_head)
+        if self.rope_base is not None:
+            start = 0 if cache is None else cache.length  # position of the first new token
+            q = apply_rope(q, start + np.arange(q.shape[-2]), base=self.rope_base)
+            k = apply_rope(k, start + np.arange(k.shape[-2]), base=self.rope_base)
         if cache is not None:
-            k, v = cache.append(k, v)  # (..., H, cached + Tq, d_head)
-        heads, weights = scaled_dot_product_attention(q, k, v, mask=_heads_mask(mask))
+            k, v = cache.append(k, v)  # (..., H_kv, cached + Tq, d_head)
+        heads, weights = grouped_attention(q, k, v, mask=_heads_mask(mask))
         output = merge_heads(heads) @ self.W_o + self.b_o  # (..., Tq, d_model)
         return output, weights

@@ -113,18 +113,21 @@ def attention_heatmap(
         vmax=vmax,
         cbar=colorbar,
         cbar_kws={"label": colorbar_label} if colorbar else None,
-        xticklabels=key_tokens,
-        yticklabels=query_tokens,
+        # Ticks are set below: seaborn's own labels trigger a full redraw to check overlap.
+        xticklabels=False,
+        yticklabels=False,
         square=False,
         linewidths=0.5,
         linecolor="white",
         annot_kws={"fontsize": 8},
         ax=ax,
     )
+    # Rotated labels anchored at their right end, so that long tokens do not overlap.
+    ax.set_xticks(np.arange(len(key_tokens)) + 0.5, key_tokens, rotation=45, ha="right",
+                  rotation_mode="anchor")
+    ax.set_yticks(np.arange(len(query_tokens)) + 0.5, query_tokens, rotation=0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.tick_params(axis="x", labelrotation=45)
-    ax.tick_params(axis="y", labelrotation=0)
     if title:
         ax.set_title(title)
     return ax

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import pathlib
 import platform
 import re
@@ -20,6 +21,11 @@ import time
 
 import nbformat
 from nbclient import NotebookClient
+
+# Chapters use small matrices: one BLAS thread is as fast and gives steady timings on a busy
+# machine. The kernel inherits this environment (scripts/test.sh sets the same for nbval).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

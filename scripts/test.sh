@@ -23,6 +23,9 @@ export CHROMIUM
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== pytest"
+# One BLAS thread per process: two xdist workers already use both cores, and the chapters'
+# small matrices gain nothing from threads (scripts/execute_notebooks.py does the same).
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # loadfile keeps each notebook's cells (and the site tests) on one worker.
 .venv/bin/python -m pytest -n 2 --dist loadfile \
     --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg "$@"
