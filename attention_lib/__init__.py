@@ -14,6 +14,7 @@ from .blocks import (
     embed_tokens,
 )
 from .cache import KVCache, greedy_decode
+from .flash import online_softmax, sliding_window_mask, tiled_attention
 from .layers import FeedForward, GatedFeedForward, LayerNorm, RMSNorm, gelu, gelu_tanh, relu, silu
 from .masks import causal_mask, padding_mask
 from .multihead import MultiHeadAttention, grouped_attention, merge_heads, split_heads
@@ -53,9 +54,12 @@ __all__ = [
     "init_linear_weight",
     "log_softmax",
     "merge_heads",
+    "online_softmax",
     "padding_mask",
     "scaled_dot_product_attention",
     "sinusoidal_encoding",
+    "sliding_window_mask",
     "softmax",
     "split_heads",
+    "tiled_attention",
 ]

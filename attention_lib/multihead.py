@@ -329,6 +329,21 @@ class MultiHeadAttention:
                     f"{name} has {array.shape[-1]} features but the layer has "
                     f"d_model={self.d_model} ({name}.shape={array.shape})"
                 )
+        if mask is not None:
+            mask = np.asarray(mask)
+            Tk = context.shape[-2] + (0 if cache is None else cache.length)
+            scores_shape = (*np.broadcast_shapes(x.shape[:-2], context.shape[:-2]),
+                            x.shape[-2], Tk)
+            try:
+                fits = np.broadcast_shapes(mask.shape, scores_shape) == scores_shape
+            except ValueError:
+                fits = False
+            if not fits:
+                raise ValueError(
+                    f"mask of shape {mask.shape} must broadcast to (..., Tq, Tk) = "
+                    f"{scores_shape} without adding dimensions; it applies to every head, "
+                    "so it has no head axis"
+                )
         if cache is not None and context is not x:
             raise ValueError("a KV cache is for self-attention; pass context=None with cache")
         H, H_kv = self.num_heads, self.num_kv_heads

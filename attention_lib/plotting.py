@@ -235,6 +235,8 @@ def plot_heads(
     annotate: bool = False,
     title: str | None = None,
     panel_size: float = 3.2,
+    vmin: float | None = 0.0,
+    vmax: float | None = 1.0,
 ):
     """Draw one attention heatmap per head in a grid that shares one colour scale.
 
@@ -257,6 +259,8 @@ def plot_heads(
         Title over the whole figure.
     panel_size : float, default 3.2
         Width of one panel in inches.
+    vmin, vmax : float or None, default 0 and 1
+        The shared colour scale; ``None`` fits it to the data (for soft patterns).
 
     Returns
     -------
@@ -312,7 +316,7 @@ def plot_heads(
         attention_heatmap(
             weights[head], query_tokens, key_tokens, ax=ax, title=head_names[head],
             mask=None if mask is None else mask[head],
-            annotate=annotate, colorbar=False,
+            annotate=annotate, colorbar=False, vmin=vmin, vmax=vmax,
             xlabel="key token" if last_row else "", ylabel="query token" if first_column else "",
         )
         if not first_column:
