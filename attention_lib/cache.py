@@ -23,21 +23,22 @@ class KVCache:
     Attributes
     ----------
     keys : numpy.ndarray
-        ``(num_layers, *batch_shape, num_kv_heads, capacity, d_head)``.
+        ``(num_layers, *batch_shape, num_kv_heads, capacity, d_head)``
     values : numpy.ndarray
-        ``(num_layers, *batch_shape, num_kv_heads, capacity, d_head)``.
+        ``(num_layers, *batch_shape, num_kv_heads, capacity, d_head)``
     lengths : numpy.ndarray
         Positions filled so far, per layer, ``(num_layers,)``.
 
     Shapes
     ------
-    one layer's append: k, v : (*batch_shape, num_kv_heads, T_new, d_head) -> keys and values
-    so far : (*batch_shape, num_kv_heads, length + T_new, d_head)
+    one layer's append: ``k, v : (*batch_shape, num_kv_heads, T_new, d_head)`` -> keys and
+    values so far ``(*batch_shape, num_kv_heads, length + T_new, d_head)``
 
     Notes
     -----
     Derived in chapter 10, *KV cache and decoding*. Memory:
-    ``2 * num_layers * prod(batch_shape) * num_kv_heads * capacity * d_head * itemsize`` bytes.
+    ``2 * num_layers * prod(batch_shape) * num_kv_heads * capacity * d_head * itemsize``
+    bytes.
 
     Examples
     --------

@@ -240,3 +240,14 @@ def test_no_link_points_at_the_jupyter_book_project(build):
     offenders = [str(path.relative_to(html)) for path in html.rglob("*.html")
                  if pattern.search(path.read_text(encoding="utf-8"))]
     assert not offenders, f"pages linking to the jupyter-book project: {offenders}"
+
+
+@pytest.mark.parametrize("name", [n for n in notebook_pages() if n.split("/")[-1][:2].isdigit()])
+def test_chapter_links_the_api_entries_it_ships_and_its_glossary_terms(build, name):
+    html, _, _ = build
+    soup = BeautifulSoup((html / f"{name}.html").read_text(encoding="utf-8"), "html.parser")
+    hrefs = [a["href"] for a in soup.find_all("a", href=True)]
+    assert any(href.startswith("api.html#attention_lib.") for href in hrefs), \
+        "no link to an API entry"
+    assert any(href.startswith("glossary.html#term-") for href in hrefs), \
+        "no link to a glossary term"
