@@ -112,3 +112,16 @@ def test_every_solution_checks_itself_in_code(name):
             checked = checked or bool(re.search(r"\bassert\b|assert_allclose|assert_array_equal",
                                                 text))
     assert not unchecked, f"solutions with no checking code cell: {unchecked}"
+
+
+def test_every_test_named_on_the_common_bugs_page_exists():
+    import html as html_lib
+
+    text = html_lib.unescape(re.sub(r"<[^>]+>", "", markdown(load("book/common_bugs"))))
+    named = set(re.findall(r"(test_\w+)\.py::(test_\w+)", text))
+    named.discard(("test_attention", "test_x"))  # the page's example of the notation
+    assert len(named) >= 10, named
+    missing = [f"{module}.py::{name}" for module, name in sorted(named)
+               if not re.search(rf"^def {name}\(", (ROOT / "tests" / f"{module}.py").read_text(),
+                                re.M)]
+    assert not missing, f"the page names tests that do not exist: {missing}"
