@@ -40,3 +40,14 @@ def check_positive_int(value, name: str, *, allow_zero: bool = False) -> int:
     if value < smallest:
         raise ValueError(f"{name} must be >= {smallest}; got {value}")
     return int(value)
+
+
+def project(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """``x @ W (+ b)`` over the last axis, as one 2-d matrix product.
+
+    NumPy runs ``(B, T, d) @ (d, e)`` as B separate products; folding the leading axes
+    into one gives BLAS a single large product, several times faster for big batches.
+    """
+    leading = x.shape[:-1]
+    y = (x.reshape(-1, x.shape[-1]) @ W).reshape(*leading, W.shape[-1])
+    return y if b is None else y + b

@@ -67,9 +67,11 @@ class EncoderBlock:
     @classmethod
     def init(cls, d_model: int, num_heads: int, d_ff: int, rng: np.random.Generator, *,
              activation: str = "relu", norm_first: bool = False, eps: float = 1e-5,
-             dtype=np.float64) -> EncoderBlock:
+             dtype=np.float64, num_kv_heads: int | None = None) -> EncoderBlock:
+        """Random weights; ``num_kv_heads`` below ``num_heads`` gives grouped-query attention."""
         return cls(
-            self_attn=MultiHeadAttention.init(d_model, num_heads, rng, dtype=dtype),
+            self_attn=MultiHeadAttention.init(d_model, num_heads, rng, dtype=dtype,
+                                              num_kv_heads=num_kv_heads),
             ff=FeedForward.init(d_model, d_ff, rng, activation=activation, dtype=dtype),
             norm1=LayerNorm.init(d_model, eps, dtype),
             norm2=LayerNorm.init(d_model, eps, dtype),
@@ -223,7 +225,7 @@ def embed_tokens(embedding: np.ndarray, tokens, start: int = 0) -> np.ndarray:
         raise ValueError(f"tokens must be ids in [0, {vocab_size}); got min {tokens.min()}, "
                          f"max {tokens.max()}")
     T = tokens.shape[-1]
-    positions = sinusoidal_encoding(start + T, d_model)[start:].astype(embedding.dtype)
+    positions = sinusoidal_encoding(T, d_model, start=start).astype(embedding.dtype)
     return embedding[tokens] * math.sqrt(d_model) + positions  # (..., T, d_model)
 
 
@@ -353,12 +355,13 @@ class DecoderOnlyLM:
     @classmethod
     def init(cls, vocab_size: int, d_model: int, num_heads: int, d_ff: int, num_layers: int,
              rng: np.random.Generator, *, activation: str = "gelu",
-             dtype=np.float64) -> DecoderOnlyLM:
+             dtype=np.float64, num_kv_heads: int | None = None) -> DecoderOnlyLM:
+        """Random weights; ``num_kv_heads`` below ``num_heads`` gives grouped-query attention."""
         num_layers = check_positive_int(num_layers, "num_layers")
         return cls(
             embedding=_init_embedding(vocab_size, d_model, rng, dtype),
             blocks=[EncoderBlock.init(d_model, num_heads, d_ff, rng, activation=activation,
-                                      norm_first=True, dtype=dtype)
+                                      norm_first=True, dtype=dtype, num_kv_heads=num_kv_heads)
                     for _ in range(num_layers)],
             norm=LayerNorm.init(d_model, dtype=dtype),
             W_out=(rng.standard_normal((d_model, vocab_size)) / math.sqrt(d_model)
@@ -368,7 +371,8 @@ class DecoderOnlyLM:
     def new_cache(self, batch_shape=(), capacity: int = 512) -> KVCache:
         """An empty cache with room for ``capacity`` positions of every layer."""
         d_model = self.embedding.shape[1]
-        return KVCache.init(len(self.blocks), self.num_heads, capacity,
+        # Only the key/value heads are cached (fewer than num_heads with grouped queries).
+        return KVCache.init(len(self.blocks), self.blocks[0].self_attn.num_kv_heads, capacity,
                             d_model // self.num_heads, tuple(batch_shape),
                             dtype=self.embedding.dtype)
 

@@ -187,6 +187,12 @@ def tiled_attention(q, k, v, *, causal: bool = False, key_lengths=None,
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k has Tk={k.shape[-2]} but v has Tk={v.shape[-2]} "
                          f"(k.shape={k.shape}, v.shape={v.shape})")
+    if k.shape[-2] == 0 or q.shape[-1] == 0:
+        raise ValueError(f"k must have at least one key and q, k at least one feature; got "
+                         f"q.shape={q.shape}, k.shape={k.shape}")
+    for name, array in (("q", q), ("k", k), ("v", v)):
+        if not np.isfinite(array).all():
+            raise ValueError(f"{name} contains NaN or inf (shape {array.shape})")
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
     if window is not None:
@@ -196,7 +202,13 @@ def tiled_attention(q, k, v, *, causal: bool = False, key_lengths=None,
     Tq, Tk, d_k = q.shape[-2], k.shape[-2], q.shape[-1]
     if causal and Tq > Tk:
         raise ValueError(f"causal needs Tq <= Tk; got Tq={Tq}, Tk={Tk}")
-    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    try:
+        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except ValueError:
+        raise ValueError(
+            f"the batch dimensions of q {q.shape[:-2]}, k {k.shape[:-2]} and v "
+            f"{v.shape[:-2]} do not broadcast (shapes {q.shape}, {k.shape}, {v.shape})"
+        ) from None
     dtype = np.result_type(q, k, v)
     scale = 1.0 / math.sqrt(d_k) if scale is None else float(scale)
     if key_lengths is not None:
@@ -205,12 +217,18 @@ def tiled_attention(q, k, v, *, causal: bool = False, key_lengths=None,
             raise TypeError(f"key_lengths must be integers; got dtype {key_lengths.dtype}")
         if key_lengths.size and (key_lengths.min() < 0 or key_lengths.max() > Tk):
             raise ValueError(f"key_lengths must be in [0, Tk={Tk}]; got {key_lengths.tolist()}")
+        if not _broadcasts_to(key_lengths.shape, batch):
+            raise ValueError(f"key_lengths must hold one count per sequence, shape {batch} "
+                             f"(the batch shape of q, k, v); got shape {key_lengths.shape}")
         key_lengths = key_lengths[..., None, None]  # (..., 1, 1) against a tile
     if mask is not None:
         mask = np.asarray(mask)
         if mask.dtype != bool:
             raise TypeError(f"mask must be boolean (True = may attend); got {mask.dtype}")
-        np.broadcast_shapes(mask.shape, (*batch, Tq, Tk))
+        mask = mask.reshape((1,) * max(0, 2 - mask.ndim) + mask.shape)  # (Tk,) -> (1, Tk)
+        if not _broadcasts_to(mask.shape, (*batch, Tq, Tk)):
+            raise ValueError(f"mask of shape {mask.shape} must broadcast to (..., Tq, Tk) = "
+                             f"{(*batch, Tq, Tk)} without adding dimensions")
 
     output = np.zeros((*batch, Tq, v.shape[-1]), dtype=dtype)
     lse = np.full((*batch, Tq), -np.inf, dtype=dtype)
@@ -251,6 +269,14 @@ def tiled_attention(q, k, v, *, causal: bool = False, key_lengths=None,
                 has_mass, running_max + np.log(np.where(has_mass, running_sum, 1)), -np.inf
             )[..., 0]
     return (output, lse) if return_lse else output
+
+
+def _broadcasts_to(shape, target) -> bool:
+    """Whether an array of ``shape`` broadcasts to ``target`` without changing it."""
+    try:
+        return np.broadcast_shapes(shape, target) == tuple(target)
+    except ValueError:
+        return False
 
 
 def _tile_mask(query_positions, k_start, k_end, causal, window, key_lengths, mask,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import erf
 
-from ._checks import as_float_array, check_positive_int
+from ._checks import as_float_array, check_positive_int, project
 from .attention import init_linear_weight
 
 __all__ = ["relu", "gelu", "gelu_tanh", "silu", "ACTIVATIONS", "LayerNorm", "RMSNorm",
@@ -299,8 +299,8 @@ class FeedForward:
     def __call__(self, x) -> np.ndarray:
         x = as_float_array(x, "x", min_ndim=1)
         _check_features(x, self.W1.shape[0], "FeedForward")
-        hidden = ACTIVATIONS[self.activation](x @ self.W1 + self.b1)  # (..., T, d_ff)
-        return hidden @ self.W2 + self.b2  # (..., T, d_model)
+        hidden = ACTIVATIONS[self.activation](project(x, self.W1, self.b1))  # (..., T, d_ff)
+        return project(hidden, self.W2, self.b2)  # (..., T, d_model)
 
 
 @dataclass
@@ -369,5 +369,5 @@ class GatedFeedForward:
     def __call__(self, x) -> np.ndarray:
         x = as_float_array(x, "x", min_ndim=1)
         _check_features(x, self.W_gate.shape[0], "GatedFeedForward")
-        gate = ACTIVATIONS[self.activation](x @ self.W_gate)  # (..., T, d_ff)
-        return (gate * (x @ self.W_up)) @ self.W_down  # (..., T, d_model)
+        gate = ACTIVATIONS[self.activation](project(x, self.W_gate))  # (..., T, d_ff)
+        return project(gate * project(x, self.W_up), self.W_down)  # (..., T, d_model)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, check_positive_int
+from ._checks import as_float_array, check_positive_int, project
 from .attention import init_linear_weight, scaled_dot_product_attention
 from .positional import apply_rope
 
@@ -158,8 +158,13 @@ def grouped_attention(q, k, v, mask=None, *, scale=None):
     q_grouped = q.reshape(*batch, H_kv, group, Tq, d)  # (..., H_kv, group, Tq, d)
     if mask is not None:
         mask = np.asarray(mask)
+        given_shape = mask.shape
         mask = mask.reshape((1,) * max(0, 3 - mask.ndim) + mask.shape)  # (..., H|1, Tq, Tk)
         heads_axis = mask.shape[-3]
+        expected = (H, Tq, k.shape[-2])
+        if not all(size in (1, full) for size, full in zip(mask.shape[-3:], expected)):
+            raise ValueError(f"mask of shape {given_shape} does not broadcast to the scores' "
+                             f"shape (..., H, Tq, Tk) = (..., {H}, {Tq}, {k.shape[-2]})")
         mask = mask.reshape(*mask.shape[:-3], heads_axis // group if heads_axis == H else 1,
                             group if heads_axis == H else 1, *mask.shape[-2:])
     output, weights = scaled_dot_product_attention(
@@ -347,9 +352,9 @@ class MultiHeadAttention:
         if cache is not None and context is not x:
             raise ValueError("a KV cache is for self-attention; pass context=None with cache")
         H, H_kv = self.num_heads, self.num_kv_heads
-        q = split_heads(x @ self.W_q + self.b_q, H)  # (..., H, Tq, d_head)
-        k = split_heads(context @ self.W_k + self.b_k, H_kv)  # (..., H_kv, Tk, d_head)
-        v = split_heads(context @ self.W_v + self.b_v, H_kv)  # (..., H_kv, Tk, d_head)
+        q = split_heads(project(x, self.W_q, self.b_q), H)  # (..., H, Tq, d_head)
+        k = split_heads(project(context, self.W_k, self.b_k), H_kv)  # (..., H_kv, Tk, d_head)
+        v = split_heads(project(context, self.W_v, self.b_v), H_kv)  # (..., H_kv, Tk, d_head)
         if self.rope_base is not None:
             start = 0 if cache is None else cache.length  # position of the first new token
             q = apply_rope(q, start + np.arange(q.shape[-2]), base=self.rope_base)
@@ -357,5 +362,5 @@ class MultiHeadAttention:
         if cache is not None:
             k, v = cache.append(k, v)  # (..., H_kv, cached + Tq, d_head)
         heads, weights = grouped_attention(q, k, v, mask=_heads_mask(mask))
-        output = merge_heads(heads) @ self.W_o + self.b_o  # (..., Tq, d_model)
+        output = project(merge_heads(heads), self.W_o, self.b_o)  # (..., Tq, d_model)
         return output, weights

@@ -9,7 +9,7 @@ from ._checks import as_float_array, check_positive_int
 __all__ = ["sinusoidal_encoding", "apply_rope", "alibi_slopes", "alibi_bias"]
 
 
-def sinusoidal_encoding(T: int, d: int, base: float = 10000.0) -> np.ndarray:
+def sinusoidal_encoding(T: int, d: int, base: float = 10000.0, *, start: int = 0) -> np.ndarray:
     """The fixed sine/cosine position vectors of "Attention Is All You Need" (section 3.5).
 
     ``PE[t, 2i] = sin(t / base^(2i/d))`` and ``PE[t, 2i+1] = cos(t / base^(2i/d))``, for
@@ -26,6 +26,9 @@ def sinusoidal_encoding(T: int, d: int, base: float = 10000.0) -> np.ndarray:
         Size of each position vector (the model width it is added to).
     base : float, default 10000.0
         The longest wavelength is ``2 pi base``.
+    start : int, default 0
+        Position of the first row: rows are positions ``start .. start + T - 1`` (what a
+        decoder needs for its new tokens, without recomputing the earlier rows).
 
     Returns
     -------
@@ -53,9 +56,10 @@ def sinusoidal_encoding(T: int, d: int, base: float = 10000.0) -> np.ndarray:
     """
     T = check_positive_int(T, "T")
     d = check_positive_int(d, "d")
+    start = check_positive_int(start, "start", allow_zero=True)
     if not np.isfinite(base) or base <= 1:
         raise ValueError(f"base must be a finite number > 1; got {base!r}")
-    positions = np.arange(T)[:, None]  # (T, 1)
+    positions = np.arange(start, start + T)[:, None]  # (T, 1)
     pair_index = np.arange((d + 1) // 2)[None, :]  # (1, ceil(d/2))
     angles = positions / base ** (2 * pair_index / d)  # (T, ceil(d/2))
     encoding = np.empty((T, 2 * angles.shape[1]))
