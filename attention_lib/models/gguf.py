@@ -1,0 +1,353 @@
+"""A small NumPy reader for GGUF files, the weights format of llama.cpp (chapter 14).
+
+A GGUF file is a header, a list of typed key/value pairs (the model's configuration and its
+tokenizer), a list of tensor descriptions, then the tensor data, each tensor starting at a
+multiple of the file's alignment. Layout (all integers little-endian)::
+
+    magic "GGUF" | version u32 | tensor count u64 | key/value count u64
+    key/value pairs: key (string), value type u32, value
+    tensor infos: name (string), n_dims u32, ne[0..n_dims) u64, ggml type u32, offset u64
+    padding to the alignment, then the data section (tensor offsets count from its start)
+
+A string is a u64 byte length then UTF-8 bytes; an array is an element type u32, a u64
+count, then the elements. ``ne[0]`` is the fastest-varying dimension, so a NumPy array has
+the reversed shape: a weight with ``ne = [576, 1536]`` is a ``(1536, 576)`` row-major array,
+PyTorch's ``(out, in)`` layout.
+
+Weights are often stored quantized in blocks of 32 numbers. This module dequantizes the
+block types SmolLM2's file uses (and the plain float ones):
+
+- ``Q8_0``: a float16 scale ``d`` and 32 int8 ``q``; value ``d * q``.
+- ``Q4_1``: float16 ``d`` and ``m``, then 16 bytes of 4-bit ``q`` (low nibbles are elements
+  0-15, high nibbles elements 16-31); value ``d * q + m``.
+- ``F32`` and ``F16``: stored as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["GGML_TYPES", "GGUFFile", "GGUFTensorInfo", "read_gguf", "dequantize"]
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+# Metadata value types (the GGUF specification's gguf_metadata_value_type).
+_UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY = range(10)
+_UINT64, _INT64, _FLOAT64 = 10, 11, 12
+_SCALAR_DTYPES = {
+    _UINT8: np.dtype("<u1"), _INT8: np.dtype("<i1"), _UINT16: np.dtype("<u2"),
+    _INT16: np.dtype("<i2"), _UINT32: np.dtype("<u4"), _INT32: np.dtype("<i4"),
+    _FLOAT32: np.dtype("<f4"), _BOOL: np.dtype("<u1"), _UINT64: np.dtype("<u8"),
+    _INT64: np.dtype("<i8"), _FLOAT64: np.dtype("<f8"),
+}
+_STRUCT_FORMATS = {_UINT8: "B", _INT8: "b", _UINT16: "H", _INT16: "h", _UINT32: "I",
+                   _INT32: "i", _FLOAT32: "f", _BOOL: "B", _UINT64: "Q", _INT64: "q",
+                   _FLOAT64: "d"}
+
+GGML_TYPES = {"F32": 0, "F16": 1, "Q4_1": 3, "Q8_0": 8}
+"""The ggml tensor types this reader dequantizes, each name mapped to its number in the file."""
+
+_TYPE_NAMES = {number: name for name, number in GGML_TYPES.items()}
+# (elements per block, bytes per block) of each supported type.
+_BLOCKS = {"F32": (1, 4), "F16": (1, 2), "Q4_1": (32, 20), "Q8_0": (32, 34)}
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    """Where one tensor lives in a GGUF file and how it is stored.
+
+    Attributes
+    ----------
+    name : str
+        E.g. ``"blk.0.attn_q.weight"``.
+    shape : tuple of int
+        NumPy (row-major) shape: the file's ``ne`` reversed.
+    ggml_type : str
+        ``"F32"``, ``"F16"``, ``"Q4_1"`` or ``"Q8_0"``.
+    offset : int
+        Absolute byte offset of the tensor's data in the file.
+    nbytes : int
+        Size of the stored (possibly quantized) data in bytes.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: str
+    offset: int
+    nbytes: int
+
+
+@dataclass
+class GGUFFile:
+    """A parsed GGUF file: its metadata, tensor infos, and (memory-mapped) raw bytes.
+
+    Tensor data is not read until :meth:`tensor` asks for it.
+
+    Attributes
+    ----------
+    path : str
+    version : int
+        GGUF version (2 or 3).
+    metadata : dict
+        Key -> value: ``int``, ``float``, ``bool``, ``str``, a list of ``str`` (string
+        arrays such as a tokenizer's vocabulary), a NumPy array (numeric arrays) or a list
+        of such (nested arrays).
+    tensors : dict
+        Tensor name -> :class:`GGUFTensorInfo`, in file order.
+    alignment : int
+        ``general.alignment`` (32 when absent).
+    data_offset : int
+        Where the data section starts.
+
+    Notes
+    -----
+    Derived in chapter 14, *A real decoder: SmolLM2*.
+    """
+
+    path: str
+    version: int
+    metadata: dict
+    tensors: dict[str, GGUFTensorInfo]
+    alignment: int
+    data_offset: int
+    _buffer: np.ndarray = field(repr=False)
+
+    def raw(self, name: str) -> np.ndarray:
+        """The stored bytes of tensor ``name`` (a read-only view of the mapped file)."""
+        info = self._info(name)
+        return self._buffer[info.offset:info.offset + info.nbytes]
+
+    def tensor(self, name: str, dtype=np.float32) -> np.ndarray:
+        """Tensor ``name`` dequantized to a new ``dtype`` array of its NumPy shape.
+
+        Shapes
+        ------
+        -> ``GGUFTensorInfo.shape`` (the file's ``ne`` reversed)
+        """
+        info = self._info(name)
+        return dequantize(self.raw(name), info.ggml_type, info.shape).astype(dtype, copy=False)
+
+    def _info(self, name: str) -> GGUFTensorInfo:
+        if name not in self.tensors:
+            some = ", ".join(list(self.tensors)[:5])
+            raise KeyError(f"no tensor named {name!r} in {self.path} ({len(self.tensors)} "
+                           f"tensors, e.g. {some})")
+        return self.tensors[name]
+
+
+def dequantize(raw, ggml_type: str, shape) -> np.ndarray:
+    """Turn the stored bytes of a tensor into float32 numbers of NumPy ``shape``.
+
+    All blocks are decoded at once (array operations over a ``(n_blocks, block_bytes)``
+    view of the bytes), not one block at a time.
+
+    Parameters
+    ----------
+    raw : array_like of uint8
+        The tensor's bytes, as stored.
+    ggml_type : str
+        ``"F32"``, ``"F16"``, ``"Q4_1"`` or ``"Q8_0"``.
+    shape : tuple of int
+        NumPy shape of the result; for block types its last axis (the file's ``ne[0]``)
+        must be a multiple of 32.
+
+    Returns
+    -------
+    numpy.ndarray of float32
+
+    Shapes
+    ------
+    raw : (nbytes,) -> shape
+
+    Raises
+    ------
+    ValueError
+        If the type is not supported or the byte count does not match ``shape``.
+
+    Notes
+    -----
+    Derived in chapter 14, *A real decoder: SmolLM2*.
+
+    Examples
+    --------
+    >>> block = np.float16([0.5, 1.0]).tobytes() + bytes([0x21] * 16)  # q = 1 then 2
+    >>> dequantize(np.frombuffer(block, np.uint8), "Q4_1", (32,))[[0, 16]]
+    array([1.5, 2. ], dtype=float32)
+    """
+    if ggml_type not in _BLOCKS:
+        raise ValueError(f"ggml_type {ggml_type!r} is not supported; this reader knows "
+                         f"{sorted(_BLOCKS)}")
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    shape = tuple(int(n) for n in shape)
+    count = int(np.prod(shape, dtype=np.int64))
+    block_size, block_bytes = _BLOCKS[ggml_type]
+    if count % block_size or (shape and shape[-1] % block_size):
+        raise ValueError(f"a {ggml_type} tensor needs rows of a multiple of {block_size} "
+                         f"numbers; got shape {shape}")
+    expected = count // block_size * block_bytes
+    if raw.size != expected:
+        raise ValueError(f"a {ggml_type} tensor of shape {shape} takes {expected} bytes; "
+                         f"got {raw.size}")
+    if ggml_type == "F32":
+        return raw.view("<f4").astype(np.float32).reshape(shape)
+    if ggml_type == "F16":
+        return raw.view("<f2").astype(np.float32).reshape(shape)
+    blocks = raw.reshape(-1, block_bytes)  # (n_blocks, block_bytes)
+    if ggml_type == "Q8_0":
+        d = blocks[:, 0:2].copy().view("<f2").astype(np.float32)  # (n_blocks, 1) scales
+        q = blocks[:, 2:].view(np.int8).astype(np.float32)  # (n_blocks, 32)
+        q *= d
+        return q.reshape(shape)
+    # Q4_1: float16 scale d and minimum m, then 16 bytes holding elements i (low nibble) and
+    # i + 16 (high nibble).
+    d_and_m = blocks[:, 0:4].copy().view("<f2").astype(np.float32)  # (n_blocks, 2)
+    packed = blocks[:, 4:]  # (n_blocks, 16)
+    q = np.empty((blocks.shape[0], block_size), dtype=np.uint8)  # (n_blocks, 32)
+    np.bitwise_and(packed, 0x0F, out=q[:, :16])
+    np.right_shift(packed, 4, out=q[:, 16:])
+    values = q.astype(np.float32)
+    values *= d_and_m[:, :1]  # d * q
+    values += d_and_m[:, 1:]  # + m
+    return values.reshape(shape)
+
+
+class _Cursor:
+    """Reads little-endian values from a buffer, advancing an offset."""
+
+    def __init__(self, buffer, path: str):
+        self.buffer, self.offset, self.path = buffer, 0, path
+
+    def unpack(self, fmt: str):
+        size = struct.calcsize("<" + fmt)
+        if self.offset + size > len(self.buffer):
+            raise ValueError(f"{self.path} is truncated: wanted {size} bytes at offset "
+                             f"{self.offset} of {len(self.buffer)}")
+        values = struct.unpack_from("<" + fmt, self.buffer, self.offset)
+        self.offset += size
+        return values[0] if len(values) == 1 else values
+
+    def string(self) -> str:
+        length = self.unpack("Q")
+        end = self.offset + length
+        if end > len(self.buffer):
+            raise ValueError(f"{self.path} is truncated: a string of {length} bytes at offset "
+                             f"{self.offset} runs past the end ({len(self.buffer)} bytes)")
+        text = str(self.buffer[self.offset:end], "utf-8")
+        self.offset = end
+        return text
+
+    def strings(self, count: int) -> list[str]:
+        buffer, offset, size, strings = self.buffer, self.offset, len(self.buffer), []
+        unpack_length = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if offset + 8 > size:
+                raise ValueError(f"{self.path} is truncated inside an array of {count} strings")
+            end = offset + 8 + unpack_length(buffer, offset)[0]
+            if end > size:
+                raise ValueError(f"{self.path} is truncated inside an array of {count} strings")
+            strings.append(str(buffer[offset + 8:end], "utf-8"))
+            offset = end
+        self.offset = offset
+        return strings
+
+    def value(self, value_type: int):
+        if value_type == _STRING:
+            return self.string()
+        if value_type == _ARRAY:
+            element_type, count = self.unpack("IQ")
+            if element_type in _SCALAR_DTYPES:  # numbers: one vectorized read
+                dtype = _SCALAR_DTYPES[element_type]
+                end = self.offset + count * dtype.itemsize
+                if end > len(self.buffer):
+                    raise ValueError(f"{self.path} is truncated inside an array of {count}")
+                array = np.frombuffer(self.buffer, dtype, count, self.offset).copy()
+                self.offset = end
+                return array.astype(bool) if element_type == _BOOL else array
+            if element_type == _STRING:  # e.g. a vocabulary: the hot loop of the header
+                return self.strings(count)
+            return [self.value(element_type) for _ in range(count)]
+        if value_type not in _SCALAR_DTYPES:
+            raise ValueError(f"{self.path}: unknown metadata value type {value_type} at offset "
+                             f"{self.offset}")
+        number = self.unpack(_STRUCT_FORMATS[value_type])
+        return bool(number) if value_type == _BOOL else number
+
+
+def read_gguf(path) -> GGUFFile:
+    """Parse a GGUF file's header, metadata and tensor infos; map its data for reading.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+
+    Returns
+    -------
+    GGUFFile
+
+    Shapes
+    ------
+    tensor infos carry NumPy shapes: the file's ``(ne[0], ne[1], ...)`` reversed.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the file does not start with the magic ``b"GGUF"``, has an unsupported version,
+        is truncated, or a tensor lies outside the file or has an unsupported type.
+
+    Notes
+    -----
+    Derived in chapter 14, *A real decoder: SmolLM2*. Follows the GGUF specification of
+    the ggml project (versions 2 and 3, little-endian).
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    if os.path.getsize(path) < 4:
+        raise ValueError(f"{path} is not a GGUF file: it has fewer than 4 bytes")
+    buffer = np.memmap(path, dtype=np.uint8, mode="r")
+    magic = bytes(buffer[:4])
+    if magic != GGUF_MAGIC:
+        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, not b'GGUF'")
+    cursor = _Cursor(memoryview(buffer), path)  # memoryview: cheap slices for the header
+    cursor.offset = 4
+    version = cursor.unpack("I")
+    if version not in (2, 3):
+        raise ValueError(f"{path} has GGUF version {version}; this reader reads versions 2 and 3")
+    tensor_count, kv_count = cursor.unpack("QQ")
+    metadata = {}
+    for _ in range(kv_count):
+        key = cursor.string()
+        metadata[key] = cursor.value(cursor.unpack("I"))
+    alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    if alignment <= 0 or alignment % 8:
+        raise ValueError(f"{path}: general.alignment must be a positive multiple of 8; "
+                         f"got {alignment}")
+    infos = []
+    for _ in range(tensor_count):
+        name = cursor.string()
+        n_dims = cursor.unpack("I")
+        ne = [cursor.unpack("Q") for _ in range(n_dims)]
+        type_number, offset = cursor.unpack("IQ")
+        infos.append((name, tuple(reversed(ne)), type_number, offset))
+    data_offset = -(-cursor.offset // alignment) * alignment  # round up to the alignment
+    tensors = {}
+    for name, shape, type_number, offset in infos:
+        if type_number not in _TYPE_NAMES:
+            raise ValueError(f"{path}: tensor {name!r} has ggml type {type_number}, which this "
+                             f"reader does not dequantize (it knows {GGML_TYPES})")
+        ggml_type = _TYPE_NAMES[type_number]
+        block_size, block_bytes = _BLOCKS[ggml_type]
+        nbytes = int(np.prod(shape, dtype=np.int64)) // block_size * block_bytes
+        start = data_offset + offset
+        if start + nbytes > len(buffer):
+            raise ValueError(f"{path}: tensor {name!r} ({ggml_type}, shape {shape}) runs past "
+                             f"the end of the file; is the file truncated?")
+        tensors[name] = GGUFTensorInfo(name, shape, ggml_type, start, nbytes)
+    return GGUFFile(path, version, metadata, tensors, alignment, data_offset, buffer)
