@@ -130,8 +130,7 @@ def decoding_speed() -> None:
               f"{best[kv_heads] / best[8]:7.2f} {1000 * best_attention[kv_heads]:19.2f} "
               f"{best_attention[kv_heads] / best_attention[8]:7.2f}")
     print("model: the whole DecoderOnlyLM step; attention: the 4 attention layers alone with "
-          "their caches.\nThe model step also recomputes the sinusoidal table of every "
-          "position so far (embed_tokens), a cost that grows with the position.")
+          "their caches.")
 
 
 if __name__ == "__main__":
