@@ -251,3 +251,18 @@ def test_chapter_links_the_api_entries_it_ships_and_its_glossary_terms(build, na
         "no link to an API entry"
     assert any(href.startswith("glossary.html#term-") for href in hrefs), \
         "no link to a glossary term"
+
+
+def test_status_page_lists_every_notebook_with_its_last_run(build):
+    html, _, _ = build
+    soup = BeautifulSoup((html / "book" / "status.html").read_text(encoding="utf-8"),
+                         "html.parser")
+    table = soup.find("table")
+    assert table is not None, "the status page has no table"
+    rows = table.find("tbody").find_all("tr")
+    notebooks = sorted(notebook_pages())
+    assert len(rows) == len(notebooks)
+    for row, name in zip(rows, notebooks):
+        cells = [cell.get_text(strip=True) for cell in row.find_all("td")]
+        assert row.find("a", href=f"{name.split('/')[-1]}.html"), f"no link to {name}"
+        assert float(cells[2]) > 0, f"no recorded run time for {name}: {cells}"

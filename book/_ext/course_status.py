@@ -1,4 +1,4 @@
-"""The ``course-status`` directive: a table of every chapter notebook and its last run.
+"""The ``course-status`` directive: a table of every notebook of the book and its last run.
 
 ``scripts/execute_notebooks.py`` stores, in each notebook's metadata under ``course``,
 how long its last top-to-bottom run took and when. This directive reads the notebooks the
@@ -29,7 +29,7 @@ class CourseStatus(SphinxDirective):
 
     def run(self):
         rows = []
-        for path in sorted(pathlib.Path(self.env.srcdir, "book").glob("[0-9][0-9]_*.ipynb")):
+        for path in sorted(pathlib.Path(self.env.srcdir, "book").glob("*.ipynb")):
             docname = f"book/{path.stem}"
             if docname not in self.env.found_docs:
                 continue
@@ -37,15 +37,18 @@ class CourseStatus(SphinxDirective):
             notebook = json.loads(path.read_text())
             run = notebook.get("metadata", {}).get("course", {}).get("last_run", {})
             seconds = run.get("seconds")
-            rows.append((path.name[:2], docname, _title(notebook["cells"]),
+            number = str(int(path.name[:2])) if path.name[:2].isdigit() else "reference"
+            rows.append((number, docname, _title(notebook["cells"]),
                          "not recorded" if seconds is None else f"{seconds:.1f}",
                          run.get("date", "not recorded"), run.get("python", "")))
-        lines = [".. list-table::", "   :header-rows: 1", "   :widths: 6 44 14 18 18", "",
-                 "   * - chapter", "     - notebook", "     - seconds", "     - last run (UTC)",
-                 "     - Python"]
+        # The page is MyST markdown, so the table is written in MyST's list-table syntax.
+        lines = ["```{list-table}", ":header-rows: 1", ":widths: 6 44 14 18 18", "",
+                 "* - chapter", "  - notebook", "  - seconds", "  - last run (UTC)",
+                 "  - Python"]
         for number, docname, title, seconds, date, python in rows:
-            lines += [f"   * - {int(number)}", f"     - :doc:`{title} </{docname}>`",
-                      f"     - {seconds}", f"     - {date}", f"     - {python}"]
+            lines += [f"* - {number}", f"  - {{doc}}`{title} </{docname}>`",
+                      f"  - {seconds}", f"  - {date}", f"  - {python}"]
+        lines.append("```")
         container = nodes.container()
         self.state.nested_parse(StringList(lines), self.content_offset, container)
         return container.children
