@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
+from model_helpers import randomize
 
 from attention_lib import (
     Decoder,
@@ -33,29 +34,6 @@ NORM_FIRST = pytest.mark.parametrize("norm_first", [False, True], ids=["post-LN"
 ACTIVATION = pytest.mark.parametrize("activation", ["relu", "gelu"])
 
 
-def randomize(obj, rng):
-    """Give every array inside a (nested) library dataclass random values, in place.
-
-    Matrices get entries of size 1/sqrt(rows); gammas are near 1; every other vector (biases,
-    betas) gets entries of size 0.3. No parameter is left at its init value of 0 or 1.
-    """
-    if isinstance(obj, list):
-        for item in obj:
-            randomize(item, rng)
-        return obj
-    for field in dataclasses.fields(obj):
-        value = getattr(obj, field.name)
-        if isinstance(value, np.ndarray):
-            if value.ndim == 2:
-                new = rng.normal(size=value.shape) / math.sqrt(value.shape[0])
-            elif field.name == "gamma":
-                new = 1.0 + 0.3 * rng.normal(size=value.shape)
-            else:
-                new = 0.3 * rng.normal(size=value.shape)
-            setattr(obj, field.name, new.astype(value.dtype))
-        elif dataclasses.is_dataclass(value) or isinstance(value, list):
-            randomize(value, rng)
-    return obj
 
 
 def encoder_block(d_model, num_heads, d_ff, seed, *, norm_first=False, activation="relu"):

@@ -2,12 +2,12 @@
 shape errors, and the central claim of the chapter: decoding with the cache gives exactly the
 logits (and so the tokens) of running the whole sequence again at every step."""
 
-import dataclasses
 import math
 import re
 
 import numpy as np
 import pytest
+from model_helpers import randomize
 
 from attention_lib import (
     DecoderOnlyLM,
@@ -17,29 +17,6 @@ from attention_lib import (
     greedy_decode,
 )
 from attention_lib.cache import LayerCache
-
-
-def randomize(obj, rng):
-    """Give every array inside a (nested) library dataclass random values, in place
-    (matrices of scale 1/sqrt(rows), gammas near 1, biases and betas non-zero)."""
-    if isinstance(obj, list):
-        for item in obj:
-            randomize(item, rng)
-        return obj
-    for field in dataclasses.fields(obj):
-        value = getattr(obj, field.name)
-        if isinstance(value, np.ndarray):
-            if value.ndim == 2:
-                new = rng.normal(size=value.shape) / math.sqrt(value.shape[0])
-            elif field.name == "gamma":
-                new = 1.0 + 0.3 * rng.normal(size=value.shape)
-            else:
-                new = 0.3 * rng.normal(size=value.shape)
-            setattr(obj, field.name, new.astype(value.dtype))
-        elif dataclasses.is_dataclass(value) or isinstance(value, list):
-            randomize(value, rng)
-    return obj
-
 
 VOCAB = 23
 

@@ -17,11 +17,10 @@ PyTorch's code paths are compared with ours.
 """
 
 import contextlib
-import dataclasses
-import math
 
 import numpy as np
 import pytest
+from model_helpers import randomize
 
 from attention_lib import (
     DecoderBlock,
@@ -52,22 +51,6 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-def randomize(obj, rng):
-    """Give every array inside a (nested) library dataclass random values, in place
-    (matrices of scale 1/sqrt(rows), gammas near 1, biases and betas non-zero)."""
-    for field in dataclasses.fields(obj):
-        value = getattr(obj, field.name)
-        if isinstance(value, np.ndarray):
-            if value.ndim == 2:
-                new = rng.normal(size=value.shape) / math.sqrt(value.shape[0])
-            elif field.name == "gamma":
-                new = 1.0 + 0.3 * rng.normal(size=value.shape)
-            else:
-                new = 0.3 * rng.normal(size=value.shape)
-            setattr(obj, field.name, new.astype(value.dtype))
-        elif dataclasses.is_dataclass(value):
-            randomize(value, rng)
-    return obj
 
 
 def tensor(array):

@@ -1,0 +1,34 @@
+"""Helpers shared by the tests of layers, blocks, the cache and PyTorch parity."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+
+def randomize(obj, rng: np.random.Generator):
+    """Give every array inside a (nested) library dataclass random values, in place.
+
+    Matrices get entries of scale 1/sqrt(rows), gammas values near 1, biases and betas
+    entries of size 0.3, so that no parameter is left at its init value of 0 or 1 (a test
+    that forgets to copy one then fails). Lists of dataclasses are handled item by item.
+    """
+    if isinstance(obj, list):
+        for item in obj:
+            randomize(item, rng)
+        return obj
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        if isinstance(value, np.ndarray):
+            if value.ndim == 2:
+                new = rng.normal(size=value.shape) / math.sqrt(value.shape[0])
+            elif field.name == "gamma":
+                new = 1.0 + 0.3 * rng.normal(size=value.shape)
+            else:
+                new = 0.3 * rng.normal(size=value.shape)
+            setattr(obj, field.name, new.astype(value.dtype))
+        elif dataclasses.is_dataclass(value) or isinstance(value, list):
+            randomize(value, rng)
+    return obj
