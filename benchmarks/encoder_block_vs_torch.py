@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--threads", type=int, default=os.cpu_count())
@@ -23,21 +22,13 @@ for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from timing import best_time  # noqa: E402
 
 from attention_lib import EncoderBlock  # noqa: E402
 
 torch.set_num_threads(args.threads)
 B, T, D_MODEL, HEADS, D_FF = 4, 512, 512, 8, 2048
 
-
-def best_time(function, repeat: int) -> float:
-    function()  # warm up
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def copy_weights(ours: EncoderBlock, layer: torch.nn.TransformerEncoderLayer) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--threads", type=int, default=os.cpu_count())
@@ -29,6 +28,7 @@ for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[variable] = str(args.threads)
 
 import numpy as np  # noqa: E402
+from timing import best_time  # noqa: E402
 
 from attention_lib.models.minilm import load_minilm, minilm_dir  # noqa: E402
 
@@ -52,15 +52,6 @@ SENTENCES = [
     "Nobody expected the small team to win the championship.",
 ] * 4  # 64 sentences, 4 to 21 tokens
 
-
-def best_time(function, repeat: int) -> float:
-    function()  # warm up
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:

@@ -32,3 +32,19 @@ def randomize(obj, rng: np.random.Generator):
         elif dataclasses.is_dataclass(value) or isinstance(value, list):
             randomize(value, rng)
     return obj
+
+
+def randomize_parameters(obj, rng: np.random.Generator):
+    """The same values as :func:`randomize`, written in place into every array that
+    :func:`attention_lib.training.named_parameters` finds (so gradient dictionaries keyed by
+    those names keep pointing at the model's arrays)."""
+    from attention_lib.training import named_parameters
+
+    for name, array in named_parameters(obj).items():
+        if array.ndim == 2:
+            array[...] = rng.normal(size=array.shape) / math.sqrt(array.shape[0])
+        elif name.endswith("gamma"):
+            array[...] = 1.0 + 0.3 * rng.normal(size=array.shape)
+        else:
+            array[...] = 0.3 * rng.normal(size=array.shape)
+    return obj

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from model_helpers import randomize_parameters as randomize
 
 from attention_lib import (
     EncoderBlock,
@@ -55,18 +56,6 @@ from attention_lib.training import (
 
 TOLERANCE = 1e-6  # relative error of analytic vs finite-difference gradients, float64
 
-
-def randomize(obj, rng):
-    """Random values for every array of a (nested) library dataclass: non-zero biases and
-    betas, gammas near 1, matrices of scale 1/sqrt(rows)."""
-    for name, array in named_parameters(obj).items():
-        if array.ndim == 2:
-            array[...] = rng.normal(size=array.shape) / math.sqrt(array.shape[0])
-        elif name.endswith("gamma"):
-            array[...] = 1.0 + 0.3 * rng.normal(size=array.shape)
-        else:
-            array[...] = 0.3 * rng.normal(size=array.shape)
-    return obj
 
 
 def assert_gradients_match(loss_fn, params, grads):

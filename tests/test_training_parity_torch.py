@@ -8,10 +8,10 @@ F.scaled_dot_product_attention marks with True what may be attended to, as ours 
 nn.MultiheadAttention's and nn.TransformerEncoderLayer's masks mark what may NOT be attended to.
 """
 
-import math
 
 import numpy as np
 import pytest
+from model_helpers import randomize_parameters as randomize
 
 from attention_lib import EncoderBlock, LayerNorm, MultiHeadAttention, causal_mask, padding_mask
 from attention_lib.training import (
@@ -27,7 +27,6 @@ from attention_lib.training import (
     layer_norm_forward,
     mha_backward,
     mha_forward,
-    named_parameters,
 )
 
 torch = pytest.importorskip("torch")
@@ -54,16 +53,6 @@ def assert_close(ours, theirs):
     assert ours.shape == theirs.shape
     np.testing.assert_allclose(ours, theirs, rtol=TOLERANCE, atol=TOLERANCE)
 
-
-def randomize(obj, rng):
-    for name, array in named_parameters(obj).items():
-        if array.ndim == 2:
-            array[...] = rng.normal(size=array.shape) / math.sqrt(array.shape[0])
-        elif name.endswith("gamma"):
-            array[...] = 1.0 + 0.3 * rng.normal(size=array.shape)
-        else:
-            array[...] = 0.3 * rng.normal(size=array.shape)
-    return obj
 
 
 # --------------------------------------------------------------------------- attention
