@@ -12,7 +12,8 @@ import numpy as np
 from ._checks import as_float_array, check_positive_int
 from .softmax import softmax
 
-__all__ = ["scaled_dot_product_attention", "SelfAttention", "init_linear_weight"]
+__all__ = ["scaled_dot_product_attention", "check_attention_inputs", "SelfAttention",
+           "init_linear_weight"]
 
 
 def _check_mask(mask, scores_shape: tuple[int, ...]) -> np.ndarray:
@@ -31,6 +32,52 @@ def _check_mask(mask, scores_shape: tuple[int, ...]) -> np.ndarray:
             f"{scores_shape} (..., Tq, Tk)"
         ) from None
     return mask
+
+
+def check_attention_inputs(q, k, v):
+    """Check queries, keys and values for attention; return them as float arrays and the
+    broadcast batch shape.
+
+    Shared by :func:`scaled_dot_product_attention` and
+    :func:`~attention_lib.flash.tiled_attention`, so both reject bad input with the same
+    messages, each naming the argument and the shapes.
+
+    Shapes
+    ------
+    q : (..., Tq, d_k), k : (..., Tk, d_k), v : (..., Tk, d_v) -> batch shape (...)
+
+    Notes
+    -----
+    Derived in chapter 03, *Scaled dot-product attention*.
+    """
+    q = as_float_array(q, "q", min_ndim=2)
+    k = as_float_array(k, "k", min_ndim=2)
+    v = as_float_array(v, "v", min_ndim=2)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q has d_k={q.shape[-1]} but k has d_k={k.shape[-1]} "
+            f"(q.shape={q.shape}, k.shape={k.shape}); queries and keys must have the same size"
+        )
+    if q.shape[-1] == 0:
+        raise ValueError(f"q and k have d_k=0 features (q.shape={q.shape}); nothing to compare")
+    if k.shape[-2] == 0:
+        raise ValueError(f"k has Tk=0 keys (k.shape={k.shape}); attention needs at least one key")
+    for name, array in (("q", q), ("k", k), ("v", v)):
+        if not np.isfinite(array).all():
+            raise ValueError(f"{name} contains NaN or inf (shape {array.shape})")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k has Tk={k.shape[-2]} but v has Tk={v.shape[-2]} "
+            f"(k.shape={k.shape}, v.shape={v.shape}); every key needs exactly one value"
+        )
+    try:
+        batch_shape = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except ValueError:
+        raise ValueError(
+            f"the batch dimensions of q {q.shape[:-2]}, k {k.shape[:-2]} and v "
+            f"{v.shape[:-2]} do not broadcast (shapes {q.shape}, {k.shape}, {v.shape})"
+        ) from None
+    return q, k, v, batch_shape
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
@@ -98,33 +145,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
     array([[0.6698, 0.3302],
            [0.3302, 0.6698]])
     """
-    q = as_float_array(q, "q", min_ndim=2)
-    k = as_float_array(k, "k", min_ndim=2)
-    v = as_float_array(v, "v", min_ndim=2)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q has d_k={q.shape[-1]} but k has d_k={k.shape[-1]} "
-            f"(q.shape={q.shape}, k.shape={k.shape}); queries and keys must have the same size"
-        )
-    if q.shape[-1] == 0:
-        raise ValueError(f"q and k have d_k=0 features (q.shape={q.shape}); nothing to compare")
-    if k.shape[-2] == 0:
-        raise ValueError(f"k has Tk=0 keys (k.shape={k.shape}); attention needs at least one key")
-    for name, array in (("q", q), ("k", k), ("v", v)):
-        if not np.isfinite(array).all():
-            raise ValueError(f"{name} contains NaN or inf (shape {array.shape})")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"k has Tk={k.shape[-2]} but v has Tk={v.shape[-2]} "
-            f"(k.shape={k.shape}, v.shape={v.shape}); every key needs exactly one value"
-        )
-    try:
-        batch_shape = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except ValueError:
-        raise ValueError(
-            f"the batch dimensions of q {q.shape[:-2]}, k {k.shape[:-2]} and v "
-            f"{v.shape[:-2]} do not broadcast (shapes {q.shape}, {k.shape}, {v.shape})"
-        ) from None
+    q, k, v, batch_shape = check_attention_inputs(q, k, v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     elif (isinstance(scale, bool) or not isinstance(scale, numbers.Real)

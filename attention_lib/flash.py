@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from ._checks import as_float_array, check_positive_int
+from .attention import check_attention_inputs
 
 __all__ = ["online_softmax", "tiled_attention", "sliding_window_mask"]
 
@@ -178,21 +179,7 @@ def tiled_attention(q, k, v, *, causal: bool = False, key_lengths=None,
     >>> out.shape
     (5, 4)
     """
-    q = as_float_array(q, "q", min_ndim=2)
-    k = as_float_array(k, "k", min_ndim=2)
-    v = as_float_array(v, "v", min_ndim=2)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q has d_k={q.shape[-1]} but k has d_k={k.shape[-1]} "
-                         f"(q.shape={q.shape}, k.shape={k.shape})")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k has Tk={k.shape[-2]} but v has Tk={v.shape[-2]} "
-                         f"(k.shape={k.shape}, v.shape={v.shape})")
-    if k.shape[-2] == 0 or q.shape[-1] == 0:
-        raise ValueError(f"k must have at least one key and q, k at least one feature; got "
-                         f"q.shape={q.shape}, k.shape={k.shape}")
-    for name, array in (("q", q), ("k", k), ("v", v)):
-        if not np.isfinite(array).all():
-            raise ValueError(f"{name} contains NaN or inf (shape {array.shape})")
+    q, k, v, batch = check_attention_inputs(q, k, v)
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
     if window is not None:
@@ -202,13 +189,6 @@ def tiled_attention(q, k, v, *, causal: bool = False, key_lengths=None,
     Tq, Tk, d_k = q.shape[-2], k.shape[-2], q.shape[-1]
     if causal and Tq > Tk:
         raise ValueError(f"causal needs Tq <= Tk; got Tq={Tq}, Tk={Tk}")
-    try:
-        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except ValueError:
-        raise ValueError(
-            f"the batch dimensions of q {q.shape[:-2]}, k {k.shape[:-2]} and v "
-            f"{v.shape[:-2]} do not broadcast (shapes {q.shape}, {k.shape}, {v.shape})"
-        ) from None
     dtype = np.result_type(q, k, v)
     scale = 1.0 / math.sqrt(d_k) if scale is None else float(scale)
     if key_lengths is not None:
