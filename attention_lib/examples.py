@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SENTENCE_TOKENS", "FEATURE_NAMES", "sentence_embeddings", "TOKENS_2D", "tokens_2d"]
+__all__ = [
+    "SENTENCE_TOKENS", "FEATURE_NAMES", "sentence_embeddings", "TOKENS_2D", "tokens_2d",
+    "difference_below",
+]
 
 SENTENCE_TOKENS = ("I", "prefer", "apple", "over", "orange", "because", "it", "is", "less",
                    "acidic")
@@ -85,3 +88,56 @@ def tokens_2d() -> np.ndarray:
     array([0.9, 0.1])
     """
     return np.array(_TOKENS_2D, dtype=np.float64)
+
+
+def difference_below(actual, expected, bound: float) -> str:
+    """Check that two arrays agree to within ``bound`` and say so in words that hold everywhere.
+
+    The largest absolute difference between two computations of the same thing is rounding
+    noise: its digits change with the CPU, the BLAS kernel and the thread count, so a page
+    that prints it cannot show the same output on every reader's machine. This prints the bound
+    the computation supports instead, after checking it.
+
+    Parameters
+    ----------
+    actual, expected : array_like
+        The two results; they must have the same shape.
+    bound : float
+        A positive, finite bound on ``max |actual - expected|``.
+
+    Returns
+    -------
+    str
+        ``"largest |difference| below 1e-12"`` (with the bound given).
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ or ``bound`` is not a positive finite number.
+    AssertionError
+        If the largest difference is not below ``bound`` (or either array holds NaN).
+
+    Shapes
+    ------
+    actual, expected: any shape, the same for both.
+
+    Notes
+    -----
+    Used by the chapters to print checks reproducibly (see the status page).
+
+    Examples
+    --------
+    >>> difference_below([1.0, 2.0], [1.0, 2.0 + 1e-15], 1e-12)
+    'largest |difference| below 1e-12'
+    """
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if actual.shape != expected.shape:
+        raise ValueError(f"actual has shape {actual.shape} but expected has shape {expected.shape}")
+    if isinstance(bound, bool) or not isinstance(bound, (int, float, np.floating, np.integer)) \
+            or not np.isfinite(bound) or bound <= 0:
+        raise ValueError(f"bound must be a positive finite number, got {bound!r}")
+    largest = float(np.max(np.abs(actual - expected))) if actual.size else 0.0
+    if not largest < bound:  # also catches NaN
+        raise AssertionError(f"largest |difference| is {largest:.3g}, not below {bound:g}")
+    return f"largest |difference| below {bound:g}"

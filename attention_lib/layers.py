@@ -327,7 +327,7 @@ class GatedFeedForward:
 
     Notes
     -----
-    Derived in chapter 08, *The transformer block*; used by the real decoder of chapter 14.
+    Derived in chapter 08, *The transformer block*; used by the real decoder of chapter 16.
 
     Examples
     --------

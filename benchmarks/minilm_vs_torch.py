@@ -1,4 +1,4 @@
-"""Sentences per second of the NumPy MiniLM (chapter 13) against PyTorch + transformers.
+"""Sentences per second of the NumPy MiniLM (chapter 15) against PyTorch + transformers.
 
     python benchmarks/minilm_vs_torch.py [--threads N] [--repeat R] [--batch-size B]
 

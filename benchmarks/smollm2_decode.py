@@ -4,7 +4,7 @@ and transformers on PyTorch (if importable) on the same machine with the same th
     .venv/bin/python benchmarks/smollm2_decode.py [--threads N] [--tokens 32] [--repeat R]
         [--gguf FILE]
 
-The NumPy model is attention_lib.models.smollm2 (chapter 14), float32. transformers loads the
+The NumPy model is attention_lib.models.smollm2 (chapter 16), float32. transformers loads the
 same GGUF file (``gguf_file=``; needs ``pip install torch==2.13.0 transformers gguf
 accelerate`` in one command) and generates with ``generate(do_sample=False)``, with its
 own cache and without. The thread count is set for NumPy's BLAS and PyTorch before either is

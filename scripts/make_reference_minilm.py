@@ -6,7 +6,7 @@
 
 Neither transformers nor torch is a dependency of the course: this script runs once, in any
 environment that has them (a throwaway virtual environment is fine), and the small arrays it
-writes are committed. tests/test_minilm.py and chapter 13 compare the NumPy model with them.
+writes are committed. tests/test_minilm.py and chapter 15 compare the NumPy model with them.
 
 What is stored (float32 unless said otherwise), for the sentences of SENTENCES run as one
 batch padded with [PAD] to the longest:

@@ -9,7 +9,7 @@ needs the ``gguf`` and ``accelerate`` packages), dequantizes it to float32, undo
 llama.cpp's permutation of the query/key weights and runs its own Llama code (eager
 attention, "rotate half" RoPE). None of these packages is a dependency of the course: this
 script runs once, in any environment that has them (a throwaway virtual environment is
-fine), and the small arrays it writes are committed. tests/test_smollm2.py and chapter 14
+fine), and the small arrays it writes are committed. tests/test_smollm2.py and chapter 16
 compare the NumPy model with them.
 
 What is stored (float32 unless said otherwise), for the prompts of PROMPTS:

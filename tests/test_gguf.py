@@ -1,4 +1,4 @@
-"""The NumPy GGUF reader (chapter 14): header, metadata, tensor infos, dequantization.
+"""The NumPy GGUF reader (chapter 16): header, metadata, tensor infos, dequantization.
 
 Small GGUF files are written here by a minimal writer (the format, byte by byte), with
 tensors whose dequantized values are known exactly. When the SmolLM2 weights are installed,

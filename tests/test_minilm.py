@@ -1,4 +1,4 @@
-"""all-MiniLM-L6-v2 on the library's blocks (chapter 13) against PyTorch + transformers.
+"""all-MiniLM-L6-v2 on the library's blocks (chapter 15) against PyTorch + transformers.
 
 The reference arrays in tests/data/minilm_reference.npz were made once by
 scripts/make_reference_minilm.py; neither torch nor transformers is needed here. The weights

@@ -48,6 +48,18 @@ def test_setup_cell_installs_the_course_from_the_configured_repository(name):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
+def test_site_hides_the_install_cell_and_says_how_to_run_the_page(name):
+    # The install lines matter on Colab only; on the site they would open every chapter
+    # with a wide block of code. The notebook keeps them, the site drops them
+    # (tag remove-cell), and the title cell says in one line how to run the page.
+    cells = load(name)
+    install = code_cells(cells)[0]
+    assert "remove-cell" in install["metadata"].get("tags", []), "install cell is shown on the site"
+    assert "import " in source(code_cells(cells)[1]), "the imports should follow, visible"
+    assert "Run this page yourself" in source(cells[0])
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
 def test_setup_cell_prints_nothing_where_the_course_is_installed(name):
     assert code_cells(load(name))[0]["outputs"] == []
 

