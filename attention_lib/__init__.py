@@ -14,7 +14,7 @@ from .blocks import (
     embed_tokens,
 )
 from .cache import KVCache, greedy_decode
-from .flash import online_softmax, sliding_window_mask, tiled_attention
+from .flash import online_softmax, sliding_window_mask, tiled_attention, tiled_attention_backward
 from .layers import FeedForward, GatedFeedForward, LayerNorm, RMSNorm, gelu, gelu_tanh, relu, silu
 from .masks import causal_mask, padding_mask
 from .multihead import MultiHeadAttention, grouped_attention, merge_heads, split_heads
@@ -62,4 +62,5 @@ __all__ = [
     "softmax",
     "split_heads",
     "tiled_attention",
+    "tiled_attention_backward",
 ]

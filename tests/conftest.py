@@ -1,8 +1,16 @@
 """Shared test setup: a headless matplotlib backend, closed figures, one hypothesis profile."""
 
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")  # before pyplot is imported anywhere: no display needed
+
+# The notebooks' kernels (nbval) run with 2 BLAS threads: the native configuration of the two
+# that CI checks (tests/test_binder_env.py re-runs every notebook under a foreign CPU
+# configuration with 1 thread). A kernel is a child process started after this line, so only
+# kernels see it; this test worker's NumPy was loaded above with scripts/test.sh's setting.
+os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = "2"
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402

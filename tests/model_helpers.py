@@ -48,3 +48,19 @@ def randomize_parameters(obj, rng: np.random.Generator):
         else:
             array[...] = 0.3 * rng.normal(size=array.shape)
     return obj
+
+
+def rounding_tolerance(values, *, terms: int, layers: int = 1, safety: float = 10.0) -> float:
+    """How far two evaluations of one float computation may differ when only the order of
+    their sums changes (another batch shape, BLAS kernel, CPU or thread count).
+
+    A sum of ``terms`` rounded products drifts by about ``sqrt(terms) * eps`` times the size of
+    the values (the statistical rule of thumb for accumulated rounding errors; Higham,
+    *Accuracy and Stability of Numerical Algorithms*, 2nd ed., 2002). Each of ``layers``
+    stacked computations adds its own drift; ``safety`` covers the constant the rule leaves
+    out. The bound follows from the dtype and the size of the computation, not from a run.
+    """
+    values = np.asarray(values)
+    eps = np.finfo(values.dtype).eps
+    scale = max(float(np.abs(values).max()), 1.0)
+    return safety * layers * math.sqrt(terms) * eps * scale

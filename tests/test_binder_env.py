@@ -3,8 +3,9 @@
 repo2docker reads runtime.txt (the Python version), requirements.txt (the pinned packages
 and ``-e .``, the course package) and runs postBuild if there is one. This test does the
 same in a fresh virtual environment, outside the development one, and re-runs every
-chapter notebook there with nbval: if a notebook needs something that only the developers'
-environment has (PyTorch, for one), it fails here.
+chapter notebook there with nbval, under a foreign CPU configuration: if a notebook needs
+something that only the developers' environment has (PyTorch, for one), or prints a number
+that depends on the CPU, it fails here.
 """
 
 from __future__ import annotations
@@ -45,7 +46,29 @@ def test_binder_environment_has_no_pytorch(binder_python):
     assert result.returncode != 0
 
 
-def test_every_notebook_runs_in_the_binder_environment(binder_python):
+# Another CPU than the one the notebooks were executed on: OpenBLAS forced to an old kernel
+# (other blocking, other summation order), NumPy's AVX/FMA code paths switched off, one
+# thread. The main test run re-executes the notebooks natively with 2 threads (conftest.py);
+# a stored output that depends on the CPU, the BLAS kernel or the thread count fails one run.
+FOREIGN_CPU = {
+    "OPENBLAS_CORETYPE": "Prescott",
+    "NPY_DISABLE_CPU_FEATURES": "AVX2 FMA3 X86_V3 AVX F16C",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def test_the_foreign_cpu_configuration_takes_effect(binder_python):
+    probe = ("import numpy as np; from numpy._core._multiarray_umath import __cpu_features__ as f;"
+             "print(f['AVX2'], f['FMA3'], np.show_config(mode='dicts')['Build Dependencies']"
+             "['blas']['name'])")
+    result = subprocess.run([binder_python, "-c", probe], capture_output=True, text=True,
+                            env={**os.environ, **FOREIGN_CPU}, check=True)
+    assert result.stdout.split()[:2] == ["False", "False"], result.stdout
+    assert "openblas" in result.stdout, "OPENBLAS_CORETYPE only steers OpenBLAS"
+
+
+def test_every_notebook_runs_in_the_binder_environment_on_a_foreign_cpu(binder_python):
     notebooks = [f"{name}.ipynb" for name in toc_entries() if (ROOT / f"{name}.ipynb").exists()]
     assert notebooks
     result = subprocess.run(
@@ -53,5 +76,6 @@ def test_every_notebook_runs_in_the_binder_environment(binder_python):
          "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "-p", "no:cacheprovider",
          "-o", "addopts=", "-q", *notebooks],
         cwd=ROOT, capture_output=True, text=True, timeout=1200,
+        env={**os.environ, **FOREIGN_CPU},
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

@@ -88,6 +88,15 @@ def test_notebook_was_run_top_to_bottom_in_one_kernel(name):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_was_executed_by_the_project_script(name):
+    # scripts/execute_notebooks.py runs a notebook the way CI re-runs it and records the run;
+    # a notebook saved from an editor's kernel would carry that kernel's state instead.
+    notebook = json.loads((ROOT / f"{name}.ipynb").read_text())
+    last_run = notebook["metadata"].get("course", {}).get("last_run", {})
+    assert {"seconds", "date", "python"} <= set(last_run), "run scripts/execute_notebooks.py"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
 def test_every_figure_has_alt_text_or_a_caption(name):
     missing = []
     for index, cell in enumerate(load(name)):
