@@ -234,11 +234,12 @@ class SelfAttention:
     Attributes
     ----------
     W_q : numpy.ndarray
-        Query and key projections, ``(d_model, d_k)``.
+        Query projection, ``(d_model, d_k)``.
     W_k : numpy.ndarray
-        Query and key projections, ``(d_model, d_k)``.
+        Key projection, ``(d_model, d_k)``.
     W_v : numpy.ndarray
-        Value projection, ``(d_model, d_v)``.
+        Value projection, ``(d_model, d_v)``. The layer has no biases (as in the paper's
+        formulas) and ``2 d_model d_k + d_model d_v`` parameters (counted in chapter 06).
 
     Shapes
     ------

@@ -189,32 +189,34 @@ class MultiHeadAttention:
 
     ``MultiHead(x) = Concat(head_1, ..., head_H) W_o + b_o`` with
     ``head_h = Attention(x W_q^h, c W_k^h, c W_v^h)``, where ``c`` is ``x`` for
-    self-attention and ``context`` for cross-attention. The per-head projections ``W_q^h``
-    are the column blocks of one ``(d_model, d_model)`` matrix ``W_q``: project once, then
-    split the result into heads.
+    self-attention and ``context`` for cross-attention (chapter 09). The per-head
+    projections ``W_q^h`` are the column blocks of one ``(d_model, d_model)`` matrix ``W_q``:
+    project once, then split the result into heads.
 
     With ``num_kv_heads < num_heads`` it is grouped-query attention (multi-query for 1):
     ``W_k`` and ``W_v`` make only ``num_kv_heads`` heads, each shared by
-    ``num_heads // num_kv_heads`` query heads, which shrinks the KV cache by that factor.
+    ``num_heads // num_kv_heads`` query heads, which shrinks the KV cache by that factor
+    (chapter 11).
 
     Attributes
     ----------
     W_q : numpy.ndarray
-        Projections, each ``(d_model, d_model)``; ``y = x @ W + b``.
+        Query projection, ``(d_model, d_model)``; ``y = x @ W + b``.
     W_k : numpy.ndarray
-        Projections, each ``(d_model, d_model)``; ``y = x @ W + b``.
+        Key projection, ``(d_model, num_kv_heads * d_head)``: ``(d_model, d_model)``
+        unless ``num_kv_heads`` is set.
     W_v : numpy.ndarray
-        Projections, each ``(d_model, d_model)``; ``y = x @ W + b``.
+        Value projection, the same shape as ``W_k``.
     W_o : numpy.ndarray
-        Projections, each ``(d_model, d_model)``; ``y = x @ W + b``.
+        Output projection, ``(d_model, d_model)``: mixes the concatenated heads.
     b_q : numpy.ndarray
-        Biases, each ``(d_model,)`` (zeros for a layer without bias).
+        Query bias, ``(d_model,)`` (zeros for a layer without bias).
     b_k : numpy.ndarray
-        Biases, each ``(d_model,)`` (zeros for a layer without bias).
+        Key bias, ``(W_k.shape[1],)``.
     b_v : numpy.ndarray
-        Biases, each ``(d_model,)`` (zeros for a layer without bias).
+        Value bias, ``(W_v.shape[1],)``.
     b_o : numpy.ndarray
-        Biases, each ``(d_model,)`` (zeros for a layer without bias).
+        Output bias, ``(d_model,)``.
     num_heads : int
         Number of (query) heads ``H``; ``d_head = d_model // H``.
     num_kv_heads : int, optional
@@ -222,7 +224,7 @@ class MultiHeadAttention:
         ``W_v`` are then ``(d_model, num_kv_heads * d_head)`` and ``b_k``, ``b_v`` match.
     rope_base : float, optional
         If set, queries and keys are rotated by :func:`~attention_lib.positional.apply_rope`
-        with this base after projection (Llama-style positions; chapter 7). Positions count
+        with this base after projection (Llama-style positions; chapter 07). Positions count
         from the first cached token when a cache is used.
 
     Shapes
@@ -233,9 +235,11 @@ class MultiHeadAttention:
 
     Notes
     -----
-    Derived in chapter 06, *Multi-head attention*. Equal to ``torch.nn.MultiheadAttention``
-    (``batch_first=True``) with the same weights, transposed (tested); a fully masked query
-    gets a zero attention output (so its output is ``b_o``) where PyTorch gives NaN.
+    Derived in chapter 06, *Multi-head attention*. With ``num_kv_heads`` unset it has
+    ``4 d_model**2 + 4 d_model`` parameters for any ``num_heads``. Equal to
+    ``torch.nn.MultiheadAttention`` (``batch_first=True``) with the same weights, transposed
+    (tested); a fully masked query gets a zero attention output (so its output is ``b_o``)
+    where PyTorch gives NaN.
 
     Examples
     --------

@@ -196,7 +196,7 @@ def alibi_bias(num_heads: int, Tq: int, Tk: int | None = None) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        float64, zero on the diagonal and negative elsewhere.
+        float64, zero where a query meets its own position and negative elsewhere.
 
     Shapes
     ------
