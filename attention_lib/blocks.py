@@ -200,9 +200,10 @@ class Decoder:
 def embed_tokens(embedding: np.ndarray, tokens, start: int = 0) -> np.ndarray:
     """Look up token vectors, scale them by ``sqrt(d_model)`` and add sinusoidal positions.
 
-    The scaling is the paper's (section 3.4): it keeps the embeddings, initialised with
-    entries of size ``1/sqrt(d_model)``, from being drowned by the positions (entries of
-    size 1). ``start`` is the position of the first token (the cache length when decoding).
+    The scaling is the paper's (section 3.4, which gives no reason for it). With the
+    library's initialisation (entries of size ``1/sqrt(d_model)``) it brings the token
+    vectors' entries to size about 1, comparable to the positions' (RMS ``1/sqrt(2)``).
+    ``start`` is the position of the first token (the cache length when decoding).
 
     Shapes
     ------

@@ -18,7 +18,9 @@ class KVCache:
     Decoding one token at a time, a layer needs the keys and values of *all* earlier
     positions; they never change once computed, so the cache keeps them instead of
     recomputing them at every step. Storage is allocated once, for ``capacity``
-    positions; appending past it raises a ``ValueError``.
+    positions; appending past it raises a ``ValueError``. ``num_kv_heads`` is the number of
+    heads whose keys and values are stored: ``num_heads`` for multi-head attention, fewer
+    with grouped-query attention (chapter 11, *Attention at scale*).
 
     Attributes
     ----------

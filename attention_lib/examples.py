@@ -11,7 +11,7 @@ import numpy as np
 
 __all__ = [
     "SENTENCE_TOKENS", "FEATURE_NAMES", "sentence_embeddings", "TOKENS_2D", "tokens_2d",
-    "difference_below",
+    "hand_made_query_key", "difference_below",
 ]
 
 SENTENCE_TOKENS = ("I", "prefer", "apple", "over", "orange", "because", "it", "is", "less",
@@ -88,6 +88,51 @@ def tokens_2d() -> np.ndarray:
     array([0.9, 0.1])
     """
     return np.array(_TOKENS_2D, dtype=np.float64)
+
+
+def hand_made_query_key(strength: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
+    """Query and key projections written by hand for the running sentence: "it" looks for fruit.
+
+    Each column of ``W_q`` and ``W_k`` is one question a token can ask. Column 0: the query
+    reads the *pronoun* feature and the key the *fruit* feature, so a pronoun scores the
+    fruit words highly. Column 1: the query reads the *degree* feature and the key the
+    *acidity* feature, so "less" scores "acidic" highly. Every other entry is 0, so tokens
+    with neither feature ask nothing (a zero query).
+
+    Parameters
+    ----------
+    strength : float, default 3.0
+        The value of the four nonzero entries; it sets how large the scores get.
+
+    Returns
+    -------
+    W_q, W_k : numpy.ndarray
+        The query and key projections (fresh copies), float64, to be used as
+        ``Q = X @ W_q`` and ``K = X @ W_k`` with ``X = sentence_embeddings()``.
+
+    Shapes
+    ------
+    -> W_q : (8, 2), W_k : (8, 2)
+
+    Notes
+    -----
+    Introduced in chapter 03, *Scaled dot-product attention*; chapter 05 learns such
+    projections instead of writing them.
+
+    Examples
+    --------
+    >>> W_q, W_k = hand_made_query_key()
+    >>> (sentence_embeddings() @ W_q)[6]  # the query of "it"
+    array([3., 0.])
+    """
+    feature = {name: index for index, name in enumerate(FEATURE_NAMES)}
+    W_q = np.zeros((len(FEATURE_NAMES), 2))
+    W_k = np.zeros((len(FEATURE_NAMES), 2))
+    W_q[feature["pronoun"], 0] = strength  # pronouns ask ...
+    W_k[feature["fruit"], 0] = strength  # ... and fruit answers
+    W_q[feature["degree"], 1] = strength  # degree words ask ...
+    W_k[feature["acidity"], 1] = strength  # ... and acidity answers
+    return W_q, W_k
 
 
 def difference_below(actual, expected, bound: float) -> str:

@@ -133,7 +133,8 @@ def tiled_attention(q, k, v, *, causal: bool = False, key_lengths=None,
     Gives the output of :func:`~attention_lib.attention.scaled_dot_product_attention`
     without ever building the ``(Tq, Tk)`` score matrix: memory per step is one
     ``(block_q, block_k)`` tile. Tiles that the causal or sliding-window structure
-    blocks entirely are skipped without computing them.
+    blocks entirely are skipped without computing them; tiles that the causal, window and
+    padding structure allows entirely are computed without a mask.
 
     Parameters
     ----------
@@ -245,7 +246,8 @@ def tiled_attention_backward(d_output, q, k, v, output, lse, *, causal: bool = F
     ``dK += scale * dS^T Q``. The outer loop runs over key/value blocks, as in the backward
     passes of FlashAttention and FlashAttention-2, so each block's ``dK`` and ``dV`` are
     finished in one pass and only ``dQ`` is accumulated across the outer loop. Tiles that
-    the causal or window structure blocks entirely are skipped, as in the forward pass.
+    the causal or window structure blocks entirely are skipped, and tiles that the causal,
+    window and padding structure allows entirely are not masked, as in the forward pass.
 
     Parameters
     ----------
@@ -399,14 +401,23 @@ def _broadcasts_to(shape, target) -> bool:
 
 def _tile_mask(query_positions, k_start, k_end, causal, window, key_lengths, mask,
                q_start, q_end):
-    """The boolean mask of one tile, or None if every entry is allowed."""
+    """The boolean mask of one tile, or None if every entry is allowed.
+
+    The causal, window and padding structure is left out of a tile that it allows in
+    full, so such a tile is computed with no ``np.where`` at all, as FlashAttention-2 masks
+    only the causal tiles on the diagonal; a general ``mask`` is sliced for every tile.
+    """
     allowed = None
     key_positions = np.arange(k_start, k_end)[None, :]  # (1, bk)
-    if causal:
+    first_query, last_query = query_positions[0, 0], query_positions[-1, 0]
+    # In full: no key after the first query and (window) none out of the last one's reach.
+    causal_in_full = k_end - 1 <= first_query and (
+        window is None or k_start > last_query - window)
+    if causal and not causal_in_full:
         allowed = key_positions <= query_positions  # (bq, bk)
         if window is not None:
             allowed = allowed & (key_positions > query_positions - window)
-    if key_lengths is not None:
+    if key_lengths is not None and not (key_lengths >= k_end).all():
         real = key_positions < key_lengths  # (..., 1, bk)
         allowed = real if allowed is None else allowed & real
     if mask is not None:

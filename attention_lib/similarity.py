@@ -74,9 +74,9 @@ def cosine_similarity(a, b, axis: int = -1) -> np.ndarray:
     Raises
     ------
     ValueError
-        If a vector is all zeros (its direction is undefined), an entry is NaN or inf, ``a``
-        and ``b`` have different lengths along ``axis``, or their other dimensions do not
-        broadcast.
+        If a vector is all zeros (its direction is undefined), an entry is NaN or inf, the
+        vectors of ``a`` and ``b`` have different dimensions (numbers of components along
+        ``axis``), or their other dimensions do not broadcast.
 
     Notes
     -----
@@ -97,10 +97,10 @@ def angle_degrees(a, b, axis: int = -1) -> np.ndarray:
 
     Mathematically ``degrees(arccos(cosine_similarity(a, b)))``: 0 for the same direction,
     90 for orthogonal vectors, 180 for opposite ones. ``arccos`` is badly conditioned near
-    1, though: a rounding error of 1e-16 in the cosine moves the angle by about 1e-6
-    degrees (1e-2 in float32). So the angle is computed from the unit vectors as
-    ``2 * arctan2(|a_hat - b_hat|, |a_hat + b_hat|)``, which is accurate for every angle
-    and exactly 0 for a vector with itself.
+    1 and -1 (angles near 0 and 180 degrees), though: a rounding error of 1e-16 in the cosine
+    moves the angle by about 1e-6 degrees (1e-2 in float32). So the angle is computed from
+    the unit vectors as ``2 * arctan2(|a_hat - b_hat|, |a_hat + b_hat|)``, which is accurate
+    for every angle and exactly 0 for a vector with itself.
 
     Parameters
     ----------
@@ -121,7 +121,7 @@ def angle_degrees(a, b, axis: int = -1) -> np.ndarray:
     Raises
     ------
     ValueError
-        As :func:`cosine_similarity` (zero vectors, mismatched lengths or shapes).
+        As :func:`cosine_similarity` (zero vectors, mismatched dimensions or shapes).
 
     Notes
     -----

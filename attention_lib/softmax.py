@@ -39,7 +39,9 @@ def softmax(x, axis: int = -1) -> np.ndarray:
 
     ``softmax(x)_i = exp(x_i) / sum_j exp(x_j)``, computed as ``exp(x_i - m) / sum_j
     exp(x_j - m)`` with ``m`` the row maximum: the same value (softmax ignores a shift),
-    but no ``exp`` of a large number can overflow.
+    but no ``exp`` of a large number can overflow. Softmax is a smooth arg max: for
+    ``softmax(x / tau)`` with ``tau -> 0`` the weights tend to the one-hot vector of the
+    largest score (the smooth maximum itself is the log-sum-exp).
 
     Parameters
     ----------
@@ -62,8 +64,8 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     Raises
     ------
     ValueError
-        If ``x`` holds NaN or ``+inf``, is a scalar, has length 0 along ``axis``, or
-        ``axis`` is out of range.
+        If ``x`` holds NaN or ``+inf``, is a scalar, is empty along ``axis``, or ``axis`` is
+        out of range.
 
     Notes
     -----

@@ -8,7 +8,7 @@ One head, d = 64, float32, Tq = Tk = T, no mask. One training step of attention 
 pass and a backward pass with a given upstream gradient dO:
 
 - dense: ``attention_forward`` then ``attention_backward`` (chapter 12): the forward keeps the
-  (T, T) weights for the backward, which builds (T, T) arrays dP and dS;
+  (T, T) weights for the backward, which builds dP and one more (T, T) array that becomes dS;
 - tiled: ``tiled_attention(..., return_lse=True)`` then ``tiled_attention_backward``
   (chapter 13): the forward keeps only the output and one log-sum-exp per query, and the
   backward recomputes each (block_q, block_k) tile of weights.
@@ -18,8 +18,9 @@ inputs q, k, v and dO), so it counts the saved tensors, every temporary and the 
 (NumPy reports its array buffers to tracemalloc). Time: the best of --repeat runs after a
 warm-up, without tracemalloc, with the same BLAS threads for both (set before NumPy is
 imported); only information, never asserted. From T = 16384 on, each step runs only twice
-(one timed run whose gradients are compared, one traced run): the dense one needs about 5 GB
-and tens of seconds. The chapter plots the file written by --write.
+(one timed run whose gradients are compared, one traced run): the dense one's traced peak is
+about 3 GiB (three (T, T) float32 arrays) and it takes tens of seconds. The chapter plots
+the file written by --write.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ do not divide the lengths, fully masked rows and large logits. Agreement is meas
 ``max |ours - dense| / max |dense|`` for each of dq, dk, dv: at most 1e-10 in float64, 1e-5 in
 float32. A finite-difference check of the tiled forward pass ties the gradients to the
 definition, independently of the dense code. Then: no NaN and no warning for queries that may
-attend to nothing, dtypes kept, bad input rejected naming the argument.
+attend to nothing, dtypes kept, only the tiles that the causal, window or padding structure
+cuts through masked (in both passes), bad input rejected naming the argument.
 """
 
 import warnings
@@ -17,6 +18,7 @@ import pytest
 
 from attention_lib import (
     causal_mask,
+    flash,
     padding_mask,
     sliding_window_mask,
     tiled_attention,
@@ -194,6 +196,72 @@ def test_keys_after_every_query_are_skipped_and_get_zero_gradients():
     dq, dk, dv = tiled_gradients(d_output, q, k, v, causal=True, window=3, blocks=(2, 2))
     assert (dk[:, :6] == 0).all() and (dv[:, :6] == 0).all()  # keys 0-5: outside every window
     assert np.abs(dv[:, 6:]).min() > 0
+
+
+def record_tile_masks(monkeypatch):
+    """For each tile the kernels compute: (q_start, k_start, whether it was masked)."""
+    records = []
+    original = flash._tile_mask
+
+    def recording(*args):
+        allowed = original(*args)
+        records.append((args[7], args[1], allowed is not None))  # q_start, k_start
+        return allowed
+
+    monkeypatch.setattr(flash, "_tile_mask", recording)
+    return records
+
+
+def tile_masks_of_a_pass(monkeypatch, which, d_output, q, k, v, block, **options):
+    """Run the forward or the backward pass with square tiles; return its tile records."""
+    if which == "forward":
+        records = record_tile_masks(monkeypatch)
+        tiled_attention(q, k, v, block_q=block, block_k=block, **options)
+    else:
+        output, lse = tiled_attention(q, k, v, return_lse=True, **options)
+        records = record_tile_masks(monkeypatch)  # from here on: the backward pass only
+        tiled_attention_backward(d_output, q, k, v, output, lse, block_q=block,
+                                 block_k=block, **options)
+    return records
+
+
+@pytest.mark.parametrize("which", ["forward", "backward"])
+@pytest.mark.parametrize(("options", "T", "block"), [
+    ({"causal": True}, 16, 4),
+    ({"causal": True, "window": 16}, 64, 8),
+    ({"causal": True, "window": 13}, 50, 7),
+    ({"key_lengths": np.array([40, 24])}, 50, 8),
+    ({"causal": True, "key_lengths": np.array([50, 30])}, 50, 8),
+])
+def test_only_tiles_that_the_structure_cuts_through_are_masked(monkeypatch, which, options,
+                                                               T, block):
+    d_output, q, k, v = problem(10, Tq=T, Tk=T)
+    records = tile_masks_of_a_pass(monkeypatch, which, d_output, q, k, v, block, **options)
+    allowed = np.broadcast_to(allowed_pairs(T, T, **options), (2, T, T))
+    full, masked = 0, 0
+    for q_start, k_start, was_masked in records:
+        tile = allowed[:, q_start:q_start + block, k_start:k_start + block]
+        # Skipping is by the causal and window structure; a tile of padding is masked.
+        assert tile.any() or "key_lengths" in options
+        assert was_masked == (not tile.all())  # masked exactly when some pair is blocked
+        full, masked = full + (not was_masked), masked + was_masked
+    assert full > 0 and masked > 0
+
+
+def test_causal_attention_masks_only_the_tiles_on_the_diagonal(monkeypatch):
+    d_output, q, k, v = problem(11, Tq=16, Tk=16)
+    records = tile_masks_of_a_pass(monkeypatch, "backward", d_output, q, k, v, 4, causal=True)
+    assert len(records) == 4 + 3 + 2 + 1  # of 16: the 6 above the diagonal are skipped
+    assert sorted((q_start, k_start) for q_start, k_start, was_masked in records
+                  if was_masked) == [(0, 0), (4, 4), (8, 8), (12, 12)]
+
+
+@pytest.mark.parametrize("which", ["forward", "backward"])
+def test_a_general_mask_is_applied_on_every_computed_tile(monkeypatch, which):
+    d_output, q, k, v = problem(12, Tq=12, Tk=12)
+    records = tile_masks_of_a_pass(monkeypatch, which, d_output, q, k, v, 4,
+                                   mask=np.ones((12, 12), dtype=bool))
+    assert len(records) == 9 and all(was_masked for *_, was_masked in records)
 
 
 def test_bad_saved_tensors_are_rejected_naming_them():
