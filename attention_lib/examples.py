@@ -1,8 +1,9 @@
 """The course's running examples, defined once so every chapter uses the same numbers.
 
-The sentence and its hand-made 10 x 8 embedding table come from the tutorial the course grew
-from; so do the four 2-d tokens. They are toy data for seeing what attention does, not learned
-embeddings.
+The sentence "I prefer apple over orange because it is less acidic", its hand-made 10 x 8
+embedding table (one column per named feature) and four 2-d tokens are toy data for seeing
+what attention does, not learned embeddings. Chapter 03 adds a hand-made query and key
+projection for the same sentence.
 """
 
 from __future__ import annotations
