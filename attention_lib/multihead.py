@@ -236,7 +236,8 @@ class MultiHeadAttention:
     Notes
     -----
     Derived in chapter 06, *Multi-head attention*. With ``num_kv_heads`` unset it has
-    ``4 d_model**2 + 4 d_model`` parameters for any ``num_heads``. Equal to
+    ``4 d_model**2 + 4 d_model`` parameters for any ``num_heads`` (``4 d_model**2`` without
+    the biases, as in the paper). Equal to
     ``torch.nn.MultiheadAttention`` (``batch_first=True``) with the same weights, transposed
     (tested); a fully masked query gets a zero attention output (so its output is ``b_o``)
     where PyTorch gives NaN.

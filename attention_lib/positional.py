@@ -25,7 +25,9 @@ def sinusoidal_encoding(T: int, d: int, base: float = 10000.0, *, start: int = 0
     d : int
         Size of each position vector (the model width it is added to).
     base : float, default 10000.0
-        The longest wavelength is ``2 pi base``.
+        Sets the slowest clock: pair ``i`` has wavelength ``2 pi base^(2i/d)``, so for even
+        ``d`` the longest is ``2 pi base^((d-2)/d)``, below ``2 pi base`` (about 47,000
+        positions for ``d = 64`` and the default base).
     start : int, default 0
         Position of the first row: rows are positions ``start .. start + T - 1`` (what a
         decoder needs for its new tokens, without recomputing the earlier rows).
@@ -84,7 +86,7 @@ def apply_rope(x, positions, base: float = 10000.0) -> np.ndarray:
     positions : array_like of int
         The position of each of the ``T`` tokens (broadcastable to ``x.shape[:-1]``).
     base : float, default 10000.0
-        Sets the slowest rotation; Llama uses 10000, SmolLM2 100000.
+        Sets the slowest rotation; Llama 1 and 2 use 10000, Llama 3 500000, SmolLM2 100000.
 
     Returns
     -------
@@ -137,9 +139,11 @@ def apply_rope(x, positions, base: float = 10000.0) -> np.ndarray:
 def alibi_slopes(num_heads: int) -> np.ndarray:
     """The per-head slopes of ALiBi: a geometric sequence starting at ``2^(-8/H)``.
 
-    For a power of two ``H`` the slopes are ``2^(-8/H), 2^(-16/H), ..., 2^(-8)``. Otherwise
-    the paper takes the slopes of the next lower power of two and fills up with every
-    other slope of the next higher one.
+    For a power of two ``H`` the slopes are ``2^(-8/H), 2^(-16/H), ..., 2^(-8)`` (the paper
+    trains only such models). Otherwise this follows ``get_slopes`` of the authors' reference
+    code (github.com/ofirpress/attention_with_linear_biases, a "workaround" in its own
+    words): the slopes of the next lower power of two, filled up with every other slope of
+    the next higher one.
 
     Parameters
     ----------

@@ -10,8 +10,9 @@ __all__ = ["cosine_similarity", "angle_degrees"]
 
 
 def _unit_vectors(x: np.ndarray, axis: int, name: str, axis_given: int) -> np.ndarray:
-    # Dividing by the largest entry first keeps the squares finite for huge entries
-    # (1e200**2 overflows) and makes "is this a zero vector" an exact question.
+    # Dividing by the largest absolute entry first keeps the squares finite for huge entries
+    # (1e200**2 overflows), non-zero for tiny ones (1e-170**2 underflows to 0), and makes
+    # "is this a zero vector" an exact question.
     largest = np.max(np.abs(x), axis=axis, keepdims=True)
     if np.any(largest == 0):
         raise ValueError(
@@ -29,8 +30,16 @@ def _unit_pair(a, b, axis: int) -> tuple[np.ndarray, np.ndarray, int]:
     for name, array in (("a", a), ("b", b)):
         if not np.isfinite(array).all():
             raise ValueError(f"{name} contains NaN or inf (shape {array.shape})")
-    axis_a = check_axis(axis, a.ndim, "a")
-    axis_b = check_axis(axis, b.ndim, "b")
+    # Broadcasting aligns shapes from the right, so the vector axis must be the same axis
+    # counted from the right in both arrays: compare (and reduce over) negative indices.
+    axis_a = check_axis(axis, a.ndim, "a") - a.ndim
+    axis_b = check_axis(axis, b.ndim, "b") - b.ndim
+    if axis_a != axis_b:
+        raise ValueError(
+            f"axis={axis} is axis {axis_a} of a (shape {a.shape}) but axis {axis_b} of b "
+            f"(shape {b.shape}) counted from the right, where broadcasting lines arrays up; "
+            "use a negative axis or give a and b the same number of dimensions"
+        )
     if a.shape[axis_a] != b.shape[axis_b]:
         raise ValueError(
             f"a has {a.shape[axis_a]} components along axis {axis} but b has "
@@ -44,7 +53,7 @@ def _unit_pair(a, b, axis: int) -> tuple[np.ndarray, np.ndarray, int]:
         raise ValueError(
             f"a and b must broadcast outside axis {axis}; got a.shape={a.shape}, b.shape={b.shape}"
         ) from None
-    return unit_a, unit_b, axis
+    return unit_a, unit_b, axis_a
 
 
 def cosine_similarity(a, b, axis: int = -1) -> np.ndarray:
@@ -56,9 +65,12 @@ def cosine_similarity(a, b, axis: int = -1) -> np.ndarray:
     Parameters
     ----------
     a, b : array_like
-        Vectors stored along ``axis``; all other dimensions broadcast against each other.
+        Vectors stored along ``axis``; all other dimensions broadcast against each other
+        (NumPy lines shapes up from the right).
     axis : int, default -1
-        The axis that holds the vector components.
+        The axis that holds the vector components. It must be the same axis of ``a`` and
+        ``b`` counted from the right; a non-negative ``axis`` therefore needs ``a`` and
+        ``b`` to have the same number of dimensions.
 
     Returns
     -------
@@ -74,9 +86,13 @@ def cosine_similarity(a, b, axis: int = -1) -> np.ndarray:
     Raises
     ------
     ValueError
-        If a vector is all zeros (its direction is undefined), an entry is NaN or inf, the
-        vectors of ``a`` and ``b`` have different dimensions (numbers of components along
-        ``axis``), or their other dimensions do not broadcast.
+        If a vector is all zeros (its direction is undefined), an entry is NaN or inf, an
+        argument is a scalar, ``axis`` is out of range or names different axes of ``a`` and
+        ``b`` counted from the right, the vectors of ``a`` and ``b`` have different
+        dimensions (numbers of components along ``axis``), or their other dimensions do not
+        broadcast.
+    TypeError
+        If ``axis`` is not an integer or an argument does not hold real numbers.
 
     Notes
     -----
@@ -107,7 +123,7 @@ def angle_degrees(a, b, axis: int = -1) -> np.ndarray:
     a, b : array_like
         Vectors stored along ``axis``; other dimensions broadcast.
     axis : int, default -1
-        The axis that holds the vector components.
+        The axis that holds the vector components, as in :func:`cosine_similarity`.
 
     Returns
     -------
@@ -120,8 +136,9 @@ def angle_degrees(a, b, axis: int = -1) -> np.ndarray:
 
     Raises
     ------
-    ValueError
-        As :func:`cosine_similarity` (zero vectors, mismatched dimensions or shapes).
+    ValueError, TypeError
+        As :func:`cosine_similarity` (zero vectors, mismatched dimensions, axes or shapes,
+        non-integer ``axis``, non-real input).
 
     Notes
     -----

@@ -9,12 +9,13 @@ from ._checks import as_float_array, check_axis
 __all__ = ["softmax", "log_softmax"]
 
 
-def _shifted_logits(x, axis: int) -> tuple[np.ndarray, int]:
+def _shifted_logits(x, axis: int, caller: str) -> tuple[np.ndarray, int]:
     """Check ``x`` and return ``x`` minus each row's maximum (a new array), and the axis.
 
     After the shift the largest logit of every row is 0, so no ``exp`` can overflow. Rows
     whose logits are all ``-inf`` are shifted by 0 instead (their maximum is ``-inf`` and
-    ``-inf - -inf`` is NaN); the callers give such rows zero weight.
+    ``-inf - -inf`` is NaN); the callers give such rows zero weight. ``caller`` names the
+    calling function in error messages.
     """
     x = as_float_array(x, "x", min_ndim=1)
     axis = check_axis(axis, x.ndim, "x")
@@ -26,7 +27,10 @@ def _shifted_logits(x, axis: int) -> tuple[np.ndarray, int]:
     # The maximum is NaN if the row holds a NaN and +inf if it holds +inf: checking the
     # (small) array of maxima checks every entry.
     if np.isnan(row_max).any() or np.isposinf(row_max).any():
-        raise ValueError("x contains NaN or +inf; softmax is defined for finite logits and -inf")
+        raise ValueError(
+            f"x contains NaN or +inf (shape {x.shape}); {caller} is defined for finite "
+            "logits and -inf"
+        )
     row_max[np.isneginf(row_max)] = 0
     # Logits spread wider than the float range (1e308 and -1e308) overflow to -inf here,
     # which is right: their weight underflows to 0 anyway.
@@ -66,6 +70,8 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     ValueError
         If ``x`` holds NaN or ``+inf``, is a scalar, is empty along ``axis``, or ``axis`` is
         out of range.
+    TypeError
+        If ``axis`` is not an integer or ``x`` does not hold real numbers.
 
     Notes
     -----
@@ -76,7 +82,7 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     >>> softmax([1.0, 2.0, 3.0]).round(4)
     array([0.09  , 0.2447, 0.6652])
     """
-    exps, axis = _shifted_logits(x, axis)
+    exps, axis = _shifted_logits(x, axis, "softmax")
     np.exp(exps, out=exps)  # in place: the shifted logits are a fresh array
     sums = np.sum(exps, axis=axis, keepdims=True)
     sums[sums == 0] = 1  # an all -inf row has exps == 0, so it stays 0
@@ -89,7 +95,9 @@ def log_softmax(x, axis: int = -1) -> np.ndarray:
 
     ``log_softmax(x)_i = (x_i - m) - log(sum_j exp(x_j - m))`` with ``m`` the row
     maximum. Taking ``np.log(softmax(x))`` instead gives ``-inf`` as soon as a weight
-    underflows to 0; this form stays finite for every finite logit.
+    underflows to 0; this form stays finite for every finite logit as long as ``x_i - m``
+    is representable (logits of one row spread wider than the float range, such as
+    ``1e308`` and ``-1e308``, give ``-inf``).
 
     Parameters
     ----------
@@ -110,7 +118,7 @@ def log_softmax(x, axis: int = -1) -> np.ndarray:
 
     Raises
     ------
-    ValueError
+    ValueError, TypeError
         As :func:`softmax`.
 
     Notes
@@ -122,7 +130,7 @@ def log_softmax(x, axis: int = -1) -> np.ndarray:
     >>> log_softmax([0.0, 0.0]).round(4)
     array([-0.6931, -0.6931])
     """
-    shifted, axis = _shifted_logits(x, axis)
+    shifted, axis = _shifted_logits(x, axis, "log_softmax")
     sums = np.sum(np.exp(shifted), axis=axis, keepdims=True)
     has_mass = sums > 0
     log_sums = np.log(np.where(has_mass, sums, 1)).astype(shifted.dtype)

@@ -91,6 +91,47 @@ def test_axis_selects_the_vector_components(func):
 
 
 @BOTH
+def test_non_negative_axis_with_unequal_numbers_of_dimensions_raises_naming_both_shapes(func):
+    # Broadcasting lines a (3,) up with the LAST axis of b (3, 3), so axis=0 would be the
+    # components' axis of a but the batch axis of b. (This once returned wrong numbers,
+    # [0.267, 0.717, 0.943] instead of the column-wise [0.267, 0.598, 0.839], with no error.)
+    a = [1.0, 2.0, 3.0]
+    b = [[1.0, 1.0, 1.0], [0.0, 2.0, 0.0], [0.0, 0.0, 5.0]]
+    message = r"^axis=0 is axis -1 of a \(shape \(3,\)\) but axis -2 of b \(shape \(3, 3\)\)"
+    with pytest.raises(ValueError, match=message):
+        func(a, b, axis=0)
+    message = r"^axis=0 is axis -2 of a \(shape \(3, 3\)\) but axis -1 of b \(shape \(3,\)\)"
+    with pytest.raises(ValueError, match=message):
+        func(b, a, axis=0)
+
+
+def test_column_wise_cosines_with_unequal_numbers_of_dimensions_match_the_hand_values():
+    # Column j of b against a: b[:, 0] = (1, 0, 0), b[:, 1] = (1, 2, 0), b[:, 2] = (1, 0, 5).
+    a = np.array([1.0, 2.0, 3.0])
+    b = np.array([[1.0, 1.0, 1.0], [0.0, 2.0, 0.0], [0.0, 0.0, 5.0]])
+    expected = np.array([1.0, 5.0, 16.0]) / (math.sqrt(14.0) * np.sqrt([1.0, 5.0, 26.0]))
+    np.testing.assert_allclose(cosine_similarity(a[:, None], b, axis=0), expected, rtol=1e-14)
+    np.testing.assert_allclose(cosine_similarity(a[:, None], b, axis=-2), expected, rtol=1e-14)
+    np.testing.assert_allclose(
+        angle_degrees(a[:, None], b, axis=0), np.degrees(np.arccos(expected)), rtol=1e-10
+    )
+
+
+@BOTH
+def test_negative_axis_with_unequal_numbers_of_dimensions_broadcasts_from_the_right(func):
+    rng = np.random.default_rng(4)
+    a = rng.normal(size=(4, 3))  # 3 vectors of dimension 4 along axis -2
+    b = rng.normal(size=(2, 4, 3))
+    result = func(a, b, axis=-2)
+    assert result.shape == (2, 3)
+    for i in range(2):
+        for j in range(3):
+            np.testing.assert_allclose(result[i, j], func(a[:, j], b[i, :, j]), rtol=1e-13)
+    # the same axis written non-negatively for each array
+    np.testing.assert_allclose(func(a[None], b, axis=1), result, rtol=1e-14)
+
+
+@BOTH
 def test_single_vectors_give_one_float64_number(func):
     result = func([1.0, 2.0], [2.0, 1.0])
     assert np.shape(result) == ()

@@ -105,8 +105,9 @@ def test_integer_inputs_give_float64(func):
 
 @BOTH
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_nan_or_plus_inf_logits_raise_naming_x(func, bad):
-    with pytest.raises(ValueError, match=r"^x contains NaN or \+inf"):
+def test_nan_or_plus_inf_logits_raise_naming_x_its_shape_and_the_function(func, bad):
+    message = rf"^x contains NaN or \+inf \(shape \(2, 2\)\); {func.__name__} is defined"
+    with pytest.raises(ValueError, match=message):
         func([[0.0, 1.0], [bad, 2.0]])
 
 
