@@ -11,16 +11,24 @@ from .blocks import (
     Encoder,
     EncoderBlock,
     EncoderDecoder,
+    count_parameters,
     embed_tokens,
 )
 from .cache import KVCache, greedy_decode
-from .flash import online_softmax, sliding_window_mask, tiled_attention, tiled_attention_backward
+from .flash import (
+    online_softmax,
+    peak_extra_bytes,
+    sliding_window_mask,
+    tiled_attention,
+    tiled_attention_backward,
+)
 from .layers import FeedForward, GatedFeedForward, LayerNorm, RMSNorm, gelu, gelu_tanh, relu, silu
 from .masks import causal_mask, padding_mask
 from .multihead import MultiHeadAttention, grouped_attention, merge_heads, split_heads
 from .positional import alibi_bias, alibi_slopes, apply_rope, sinusoidal_encoding
 from .similarity import angle_degrees, cosine_similarity
 from .softmax import log_softmax, softmax
+from .training.gpt import load_shakespeare_gpt
 
 __version__ = "0.1.0"
 
@@ -36,6 +44,7 @@ __all__ = [
     "KVCache",
     "LayerNorm",
     "RMSNorm",
+    "count_parameters",
     "embed_tokens",
     "gelu",
     "gelu_tanh",
@@ -52,10 +61,12 @@ __all__ = [
     "causal_mask",
     "cosine_similarity",
     "init_linear_weight",
+    "load_shakespeare_gpt",
     "log_softmax",
     "merge_heads",
     "online_softmax",
     "padding_mask",
+    "peak_extra_bytes",
     "scaled_dot_product_attention",
     "sinusoidal_encoding",
     "sliding_window_mask",

@@ -56,7 +56,7 @@ def check_attention_inputs(q, k, v):
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"q has d_k={q.shape[-1]} but k has d_k={k.shape[-1]} "
-            f"(q.shape={q.shape}, k.shape={k.shape}); queries and keys must have the same size"
+            f"(q.shape={q.shape}, k.shape={k.shape}); queries and keys must have the same dimension"
         )
     if q.shape[-1] == 0:
         raise ValueError(f"q and k have d_k=0 features (q.shape={q.shape}); nothing to compare")
@@ -98,14 +98,15 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
         Values, one row per key: what a position hands over when attended to.
     mask : array_like of bool, optional
         ``True`` where query ``i`` may attend to key ``j`` (PyTorch's boolean
-        ``attn_mask`` convention); broadcastable to ``(..., Tq, Tk)``. Blocked entries get
-        score ``-inf`` and weight 0. A query that may attend to nothing gets zero weights
-        and a zero output row, not NaN.
+        ``attn_mask`` convention); must broadcast with ``(..., Tq, Tk)`` (see Shapes).
+        Blocked entries get score ``-inf`` and weight 0. A query that may attend to
+        nothing gets zero weights and a zero output row, not NaN.
     scale : float, optional
         Multiplies the scores; defaults to ``1 / sqrt(d_k)``.
     bias : array_like, optional
-        Added to the scaled scores before masking and softmax, broadcastable to
-        ``(..., Tq, Tk)``: a position-dependent preference such as ALiBi (chapter 07).
+        Added to the scaled scores before masking and softmax; must broadcast with
+        ``(..., Tq, Tk)`` (see Shapes): a position-dependent preference such as ALiBi
+        (chapter 07).
 
     Returns
     -------
@@ -117,16 +118,22 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
     Shapes
     ------
     q : (..., Tq, d_k), k : (..., Tk, d_k), v : (..., Tk, d_v), mask and bias :
-    broadcastable to (..., Tq, Tk) -> output : (..., Tq, d_v), weights : (..., Tq, Tk).
-    Leading batch dimensions broadcast. Float inputs keep their dtype (float32 stays
-    float32); integer inputs give float64.
+    broadcast with (..., Tq, Tk) -> output : (..., Tq, d_v), weights : (..., Tq, Tk).
+    Leading batch dimensions broadcast, those of ``mask`` and ``bias`` included: a mask
+    with more batch dimensions than ``q``, ``k`` and ``v`` adds them to the output and
+    the weights (``padding_mask([5, 3], 5)``, shape (2, 1, 5), with unbatched ``q`` of
+    shape (5, d_k) gives outputs of shape (2, 5, d_v), one per mask).
+    Float inputs keep their dtype (float32 stays float32, float16 stays float16, so
+    scores must fit it); integer inputs give float64.
 
     Raises
     ------
     ValueError
         If an input has fewer than 2 dimensions, ``q`` and ``k`` differ in ``d_k``,
         ``k`` and ``v`` differ in ``Tk``, the batch dimensions do not broadcast, the
-        mask or bias does not broadcast to the scores, or ``scale`` is not a finite number.
+        mask or bias does not broadcast with the scores, ``scale`` is not a finite
+        number, or the scores overflow the dtype (float16 above 65504: scale ``q`` or
+        ``k`` down, or compute in float32).
     TypeError
         If ``mask`` is not boolean.
 
@@ -135,7 +142,8 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
     Derived in chapter 03, *Scaled dot-product attention*; masks in chapter 04,
     *Masking*. Equal to ``torch.nn.functional.scaled_dot_product_attention`` with a
     boolean ``attn_mask`` (tested), including zeros for fully masked rows (PyTorch 2.5 and
-    later; ``torch.nn.MultiheadAttention`` still gives NaN there).
+    later; ``torch.nn.MultiheadAttention`` with ``need_weights=True``, its default, still
+    gives NaN there).
 
     Examples
     --------
@@ -154,8 +162,17 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
     # A Python float keeps float32 inputs in float32 (a NumPy float64 scalar would not).
     scale = float(scale)
 
-    # Scaling q (Tq x d_k numbers) costs less than scaling the scores (Tq x Tk numbers).
-    scores = (q * scale) @ np.swapaxes(k, -1, -2)  # (..., Tq, Tk)
+    # Scaling q (Tq x d_k multiplications) rather than the scores (Tq x Tk) is cheaper
+    # when d_k < Tk, the usual case; both give the same scores up to rounding.
+    with np.errstate(over="ignore", invalid="ignore"):  # checked just below, by name
+        scores = (q * scale) @ np.swapaxes(k, -1, -2)  # (..., Tq, Tk)
+    if not np.isfinite(scores).all():
+        raise ValueError(
+            f"the scores q @ k^T * scale overflowed {scores.dtype} (largest finite "
+            f"{float(np.finfo(scores.dtype).max):.6g}; q.shape={q.shape}, "
+            f"k.shape={k.shape}, scale={scale:.6g}): scale q or k down, or compute in "
+            "float32"
+        )
     scores_shape = (*batch_shape, q.shape[-2], k.shape[-2])
     if bias is not None:
         bias = as_float_array(bias, "bias")

@@ -17,6 +17,7 @@ number per query, ``D = rowsum(dO * O)``, to make the softmax backward local to 
 from __future__ import annotations
 
 import math
+import tracemalloc
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from .attention import check_attention_inputs
 from .training.functional import sum_to_shape
 
 __all__ = ["online_softmax", "tiled_attention", "tiled_attention_backward",
-           "sliding_window_mask"]
+           "sliding_window_mask", "peak_extra_bytes"]
 
 
 def online_softmax(x, block_size: int = 4) -> np.ndarray:
@@ -123,6 +124,62 @@ def sliding_window_mask(Tq: int, Tk: int | None = None, *, window: int) -> np.nd
         raise ValueError(f"Tq={Tq} > Tk={Tk}: the queries are the last Tq of the Tk positions")
     offset = (np.arange(Tk - Tq, Tk)[:, None] - np.arange(Tk)[None, :])  # i - j, (Tq, Tk)
     return (offset >= 0) & (offset < window)
+
+
+def peak_extra_bytes(function, *args, **kwargs) -> int:
+    """Peak memory, in bytes, that one call allocates above what was in use when it started.
+
+    Runs ``function(*args, **kwargs)`` once under :mod:`tracemalloc`, Python's memory tracer,
+    which also sees NumPy's array buffers, and returns the highest traced memory during the
+    call minus the traced memory at its start: every temporary and the result, not the
+    inputs. The result of the call is discarded. If ``tracemalloc`` was not tracing, it is
+    started and stopped again; if it was, it keeps tracing, with its peak reset.
+
+    Parameters
+    ----------
+    function : callable
+        The computation to measure.
+    *args, **kwargs
+        Passed to ``function``.
+
+    Returns
+    -------
+    int
+        Bytes, never negative.
+
+    Shapes
+    ------
+    N/A (any arguments that ``function`` takes).
+
+    Raises
+    ------
+    TypeError
+        If ``function`` is not callable.
+
+    Notes
+    -----
+    Derived in chapter 11, *Attention at scale*.
+
+    Examples
+    --------
+    >>> extra = peak_extra_bytes(np.ones, 2**20)  # one array of 2**20 float64
+    >>> 8 * 2**20 <= extra < 8 * 2**20 + 2**16
+    True
+    """
+    if not callable(function):
+        raise TypeError(f"function must be callable; got {type(function).__name__}")
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        function(*args, **kwargs)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    return max(peak - before, 0)
 
 
 def tiled_attention(q, k, v, *, causal: bool = False, key_lengths=None,

@@ -13,14 +13,14 @@ pass and a backward pass with a given upstream gradient dO:
   (chapter 13): the forward keeps only the output and one log-sum-exp per query, and the
   backward recomputes each (block_q, block_k) tile of weights.
 
-Memory: the tracemalloc peak during forward + backward, above what was allocated before (the
-inputs q, k, v and dO), so it counts the saved tensors, every temporary and the gradients
-(NumPy reports its array buffers to tracemalloc). Time: the best of --repeat runs after a
-warm-up, without tracemalloc, with the same BLAS threads for both (set before NumPy is
-imported); only information, never asserted. From T = 16384 on, each step runs only twice
-(one timed run whose gradients are compared, one traced run): the dense one's traced peak is
-about 3 GiB (three (T, T) float32 arrays) and it takes tens of seconds. The chapter plots
-the file written by --write.
+Memory: ``attention_lib.peak_extra_bytes``, the tracemalloc peak during forward + backward,
+above what was allocated before (the inputs q, k, v and dO), so it counts the saved tensors,
+every temporary and the gradients (NumPy reports its array buffers to tracemalloc). Time: the
+best of --repeat runs after a warm-up, without tracemalloc, with the same BLAS threads for
+both (set before NumPy is imported); only information, never asserted. From T = 16384 on,
+each step runs only twice (one timed run whose gradients are compared, one traced run): the
+dense one's traced peak is about 3 GiB (three (T, T) float32 arrays) and it takes tens of
+seconds. The chapter plots the file written by --write.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import time
-import tracemalloc
 from pathlib import Path
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -46,7 +45,11 @@ for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 from timing import best_time  # noqa: E402
 
-from attention_lib import tiled_attention, tiled_attention_backward  # noqa: E402
+from attention_lib import (  # noqa: E402
+    peak_extra_bytes,
+    tiled_attention,
+    tiled_attention_backward,
+)
 from attention_lib.training import attention_backward, attention_forward  # noqa: E402
 
 D = 64
@@ -63,17 +66,6 @@ def tiled_step(q, k, v, d_output):
     """Forward and backward that keep only the output and the log-sum-exp in between."""
     output, lse = tiled_attention(q, k, v, return_lse=True)
     return tiled_attention_backward(d_output, q, k, v, output, lse)
-
-
-def peak_extra_bytes(function, *arrays) -> int:
-    """The tracemalloc peak during one call, above the memory in use when it starts."""
-    tracemalloc.start()
-    tracemalloc.reset_peak()
-    before, _ = tracemalloc.get_traced_memory()
-    function(*arrays)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return peak - before
 
 
 def timed(function, *arrays):

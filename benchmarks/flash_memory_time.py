@@ -5,11 +5,12 @@
 
 One head, d = 64, float32, Tq = Tk = T. Naive is scaled_dot_product_attention (it builds the
 (T, T) scores and weights); tiled is tiled_attention (one (block_q, block_k) tile at a time).
-Memory: the tracemalloc peak during one call, above what was allocated before it (NumPy
-reports its array buffers to tracemalloc, so this is the memory of the temporaries and the
-result). Time: the best of --repeat calls, measured without tracemalloc, with the same number
-of BLAS threads for both (set before NumPy is imported). The naive call at T = 16384 needs a
-few GB and a few seconds. --sweep also times a grid of tile sizes at T = 4096.
+Memory: ``attention_lib.peak_extra_bytes``, the tracemalloc peak during one call, above what
+was allocated before it (NumPy reports its array buffers to tracemalloc, so this is the memory
+of the temporaries and the result). Time: the best of --repeat calls, measured without
+tracemalloc, with the same number of BLAS threads for both (set before NumPy is imported).
+The naive call at T = 16384 needs a few GB and a few seconds. --sweep also times a grid of
+tile sizes at T = 4096.
 
 Targets (issue 6): at T = 16384 the tiled peak is <= 1/8 of the naive peak; at T = 4096 the
 tiled time is <= 1.5x the naive time. Nothing is asserted: the script prints the numbers.
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-import tracemalloc
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--threads", type=int, default=1)
@@ -35,7 +35,11 @@ for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from attention_lib import scaled_dot_product_attention, tiled_attention  # noqa: E402
+from attention_lib import (  # noqa: E402
+    peak_extra_bytes,
+    scaled_dot_product_attention,
+    tiled_attention,
+)
 
 D = 64
 MIB = 2**20
@@ -49,17 +53,6 @@ def naive(q, k, v):
 
 def tiled(q, k, v, **blocks):
     return tiled_attention(q, k, v, **(blocks or BLOCKS))
-
-
-def peak_extra_bytes(function, *arrays) -> int:
-    """The tracemalloc peak during one call, above the memory in use when it starts."""
-    tracemalloc.start()
-    tracemalloc.reset_peak()
-    before, _ = tracemalloc.get_traced_memory()
-    function(*arrays)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return peak - before
 
 
 def best_time(function, *arrays, repeat: int) -> float:

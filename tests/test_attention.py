@@ -388,6 +388,32 @@ def test_scores_of_order_1e4_give_no_nan_and_no_warning(dtype):
     np.testing.assert_allclose(output, [[1.0], [2.0]], rtol=1e-6)
 
 
+def test_float16_scores_that_overflow_raise_naming_q_k_and_the_limit_without_warnings():
+    q = k = v = np.full((2, 4), 300, np.float16)  # scores 4 * 300**2 / 2 = 180000 > 65504
+    with pytest.raises(ValueError, match=r"^the scores q @ k\^T \* scale overflowed float16 "
+                       r"\(largest finite 65504; q.shape=\(2, 4\), k.shape=\(2, 4\)"):
+        no_warnings(attend, q, k, v)
+
+
+def test_float16_scores_just_below_the_limit_are_kept_in_float16():
+    q = np.full((2, 4), 180, np.float16)  # scores 4 * 180**2 / 2 = 64800 < 65504
+    output, weights = no_warnings(attend, q, q, q)
+    assert output.dtype == weights.dtype == np.float16
+    np.testing.assert_array_equal(weights, 0.5)
+    np.testing.assert_array_equal(output, 180)
+
+
+def test_a_mask_with_more_batch_dimensions_than_q_k_v_adds_them_to_the_output():
+    rng = np.random.default_rng(12)
+    q, k = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
+    v = rng.normal(size=(5, 2))
+    mask = np.arange(5)[None, None, :] < np.array([5, 3])[:, None, None]  # (2, 1, 5)
+    output, weights = attend(q, k, v, mask=mask)
+    assert output.shape == (2, 5, 2) and weights.shape == (2, 5, 5)
+    for b in range(2):
+        np.testing.assert_array_equal(output[b], attend(q, k, v, mask=mask[b])[0])
+
+
 # --------------------------------------------------------------------------- properties
 
 _values = st.floats(-5, 5, allow_nan=False, allow_infinity=False)

@@ -21,6 +21,7 @@ from attention_lib import (
     causal_mask,
     online_softmax,
     padding_mask,
+    peak_extra_bytes,
     scaled_dot_product_attention,
     sliding_window_mask,
     softmax,
@@ -402,3 +403,47 @@ def test_mismatched_shapes_raise_as_scaled_dot_product_attention_does():
 def test_batch_dimensions_that_do_not_broadcast_raise_naming_q_k_and_v():
     with pytest.raises(ValueError, match=r"^the batch dimensions of q \(2,\), k \(3,\) and v"):
         tiled_attention(np.ones((2, 4, 3)), np.ones((3, 4, 3)), np.ones((3, 4, 3)))
+
+
+MIB = 2**20
+
+
+def test_peak_extra_bytes_counts_an_array_the_call_allocates_and_not_the_inputs():
+    inputs = np.ones(4 * MIB // 8)  # 4 MiB that exist before the call: not counted
+    extra = peak_extra_bytes(lambda x: x * 2.0, inputs)  # a 4 MiB result
+    assert 4 * MIB <= extra < 4 * MIB + 2**16
+
+
+def test_peak_extra_bytes_is_the_peak_not_the_sum_of_temporaries_freed_in_between():
+    def two_temporaries_one_at_a_time():
+        for _ in range(2):
+            temporary = np.ones(MIB // 8)  # 1 MiB, freed before the next one
+            del temporary
+
+    def two_temporaries_at_once():
+        first, second = np.ones(MIB // 8), np.ones(MIB // 8)  # noqa: F841
+
+    one_at_a_time = peak_extra_bytes(two_temporaries_one_at_a_time)
+    at_once = peak_extra_bytes(two_temporaries_at_once)
+    assert MIB <= one_at_a_time < MIB + 2**16
+    assert 2 * MIB <= at_once < 2 * MIB + 2**16
+
+
+def test_peak_extra_bytes_passes_keyword_arguments_and_leaves_tracing_as_it_found_it():
+    import tracemalloc
+
+    assert not tracemalloc.is_tracing()
+    extra = peak_extra_bytes(np.zeros, shape=(MIB // 4,), dtype=np.float32)
+    assert MIB <= extra < MIB + 2**16
+    assert not tracemalloc.is_tracing()
+    tracemalloc.start()
+    try:
+        assert MIB <= peak_extra_bytes(np.ones, MIB // 8) < MIB + 2**16
+        assert tracemalloc.is_tracing()  # an outer trace keeps running
+    finally:
+        tracemalloc.stop()
+
+
+def test_peak_extra_bytes_rejects_a_function_that_is_not_callable_naming_it():
+    with pytest.raises(TypeError, match=r"^function must be callable; got ndarray"):
+        peak_extra_bytes(np.ones(3))
