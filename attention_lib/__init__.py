@@ -27,7 +27,7 @@ from .masks import causal_mask, padding_mask
 from .multihead import MultiHeadAttention, grouped_attention, merge_heads, split_heads
 from .positional import alibi_bias, alibi_slopes, apply_rope, sinusoidal_encoding
 from .similarity import angle_degrees, cosine_similarity
-from .softmax import log_softmax, softmax
+from .softmax import log_softmax, softmax, softmax_jacobian
 from .training.gpt import load_shakespeare_gpt
 
 __version__ = "0.1.0"
@@ -71,6 +71,7 @@ __all__ = [
     "sinusoidal_encoding",
     "sliding_window_mask",
     "softmax",
+    "softmax_jacobian",
     "split_heads",
     "tiled_attention",
     "tiled_attention_backward",

@@ -10,7 +10,7 @@ encoder's output in between. ``norm_first=False`` is the 2017 paper's post-LN
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 import numpy as np
 
@@ -22,7 +22,46 @@ from .multihead import MultiHeadAttention
 from .positional import sinusoidal_encoding
 
 __all__ = ["EncoderBlock", "DecoderBlock", "Encoder", "Decoder", "EncoderDecoder",
-           "DecoderOnlyLM", "embed_tokens"]
+           "DecoderOnlyLM", "embed_tokens", "count_parameters"]
+
+
+def count_parameters(*layers) -> int:
+    """Total number of entries of every array held by the given layers and their sublayers.
+
+    Walks the fields of each dataclass (attention layers, norms, feed-forward networks,
+    blocks, stacks, whole models), into nested dataclasses and lists of them, and adds up
+    the sizes of the NumPy arrays it finds.
+
+    Parameters
+    ----------
+    *layers : dataclass instances (or lists of them)
+
+    Returns
+    -------
+    int
+
+    Notes
+    -----
+    Derived in chapter 08, *The transformer block*; used again in chapter 09.
+
+    Examples
+    --------
+    >>> count_parameters(LayerNorm.init(8))  # gamma and beta
+    16
+    """
+    total = 0
+    for layer in layers:
+        if isinstance(layer, np.ndarray):
+            total += layer.size
+        elif isinstance(layer, (list, tuple)):
+            total += count_parameters(*layer)
+        elif is_dataclass(layer) and not isinstance(layer, type):
+            total += count_parameters(*(getattr(layer, f.name) for f in fields(layer)))
+        elif is_dataclass(layer) or not isinstance(layer, (int, float, str, bool, type(None),
+                                                           np.generic)):
+            raise TypeError(f"count_parameters takes layers (dataclasses) or arrays; got "
+                            f"{type(layer).__name__}")
+    return total
 
 
 @dataclass
@@ -251,7 +290,7 @@ class EncoderDecoder:
     encoder : Encoder
     decoder : Decoder
     W_out : numpy.ndarray
-        ``(d_model, V_tgt)``: scores for every target token.
+        ``(d_model, V_tgt)``: turns each decoder output into one logit per target token.
 
     Shapes
     ------

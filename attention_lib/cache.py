@@ -80,6 +80,8 @@ class KVCache:
 
     def layer(self, index: int) -> LayerCache:
         """The part of the cache that belongs to layer ``index``."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"layer index must be an integer; got {index!r}")
         if not 0 <= index < len(self.lengths):
             raise ValueError(f"layer index {index} out of range for {len(self.lengths)} layers")
         return LayerCache(self, index)

@@ -38,8 +38,9 @@ def relu(x) -> np.ndarray:
 def gelu(x) -> np.ndarray:
     """The exact Gaussian error linear unit ``x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))``.
 
-    BERT and GPT-2 use GELU; PyTorch's ``activation="gelu"`` is this exact form. The
-    ``tanh`` approximation (:func:`gelu_tanh`) differs by up to about 5e-4.
+    Hendrycks and Gimpel 2016; BERT uses this exact form, as does PyTorch's
+    ``activation="gelu"``. The ``tanh`` approximation (:func:`gelu_tanh`, which GPT-2's
+    code uses) differs by up to about 5e-4.
 
     Shapes
     ------
@@ -59,7 +60,7 @@ def gelu(x) -> np.ndarray:
 
 
 def gelu_tanh(x) -> np.ndarray:
-    """The ``tanh`` approximation of GELU used by the original GPT-2 code.
+    """The ``tanh`` approximation of GELU (Hendrycks and Gimpel 2016), used by GPT-2's code.
 
     ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``.
 
@@ -108,6 +109,15 @@ ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
 """The activations :class:`FeedForward` accepts, by name."""
 
 
+def _check_eps(eps) -> float:
+    """Return ``eps`` as a float, or raise naming it if it is not a finite positive number."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.integer, np.floating)):
+        raise TypeError(f"eps must be a real number; got {eps!r}")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be finite and positive; got {eps!r}")
+    return float(eps)
+
+
 def _check_features(x: np.ndarray, expected: int, owner: str) -> None:
     if x.shape[-1] != expected:
         raise ValueError(
@@ -126,11 +136,12 @@ class LayerNorm:
     Attributes
     ----------
     gamma : numpy.ndarray
-        Learned scale and shift, ``(d,)``.
+        Learned scale, one per feature, ``(d,)``; starts at 1.
     beta : numpy.ndarray
-        Learned scale and shift, ``(d,)``.
+        Learned shift, one per feature, ``(d,)``; starts at 0.
     eps : float
-        Added to the variance; PyTorch's default is 1e-5 (BERT uses 1e-12).
+        Added to the variance, finite and positive; PyTorch's default is 1e-5 (BERT uses
+        1e-12).
 
     Shapes
     ------
@@ -158,8 +169,7 @@ class LayerNorm:
                 f"gamma and beta must both have shape (d,); got {self.gamma.shape} and "
                 f"{self.beta.shape}"
             )
-        if not self.eps > 0:
-            raise ValueError(f"eps must be positive; got {self.eps!r}")
+        self.eps = _check_eps(self.eps)
 
     @classmethod
     def init(cls, d: int, eps: float = 1e-5, dtype=np.float64) -> LayerNorm:
@@ -186,8 +196,9 @@ class RMSNorm:
     Attributes
     ----------
     gamma : numpy.ndarray
-        Learned scale, ``(d,)``.
+        Learned scale, one per feature, ``(d,)``; starts at 1.
     eps : float
+        Added to the mean square, finite and positive (default 1e-6).
 
     Shapes
     ------
@@ -210,8 +221,7 @@ class RMSNorm:
         self.gamma = as_float_array(self.gamma, "gamma", min_ndim=1)
         if self.gamma.ndim != 1:
             raise ValueError(f"gamma must have shape (d,); got {self.gamma.shape}")
-        if not self.eps > 0:
-            raise ValueError(f"eps must be positive; got {self.eps!r}")
+        self.eps = _check_eps(self.eps)
 
     @classmethod
     def init(cls, d: int, eps: float = 1e-6, dtype=np.float64) -> RMSNorm:
@@ -243,7 +253,8 @@ class FeedForward:
     b2 : numpy.ndarray
         ``(d_model,)``.
     activation : str
-        A key of :data:`ACTIVATIONS`: ``"relu"`` (the paper) or ``"gelu"`` (BERT, GPT-2).
+        A key of :data:`ACTIVATIONS`: ``"relu"`` (the paper), ``"gelu"`` (BERT) or
+        ``"gelu_tanh"`` (GPT-2's code).
 
     Shapes
     ------

@@ -26,6 +26,7 @@ from attention_lib import (
     LayerNorm,
     MultiHeadAttention,
     causal_mask,
+    count_parameters,
     embed_tokens,
     padding_mask,
 )
@@ -425,3 +426,30 @@ def test_layers_built_by_init_hold_the_documented_shapes():
     assert all(isinstance(layer.ff, FeedForward) for layer in model.decoder.layers)
     with pytest.raises(ValueError, match="num_layers"):
         EncoderDecoder.init(7, 9, 8, 2, 16, 0, np.random.default_rng(22))
+
+
+# --------------------------------------------------------------------------- count_parameters
+
+
+def test_count_parameters_of_an_encoder_block_is_the_hand_formula():
+    # attention 4 d^2 + 4 d, feed-forward 2 d d_ff + d_ff + d, two norms 4 d.
+    d, d_ff = 8, 20
+    block = EncoderBlock.init(d, 2, d_ff, np.random.default_rng(0))
+    expected = (4 * d * d + 4 * d) + (2 * d * d_ff + d_ff + d) + 4 * d
+    assert count_parameters(block) == expected == 668
+    assert count_parameters(block.self_attn, block.ff) == expected - 4 * d
+
+
+def test_count_parameters_walks_lists_of_blocks_and_whole_models():
+    d, d_ff, vocab = 8, 20, 11
+    rng = np.random.default_rng(1)
+    per_block = count_parameters(EncoderBlock.init(d, 2, d_ff, rng))
+    model = DecoderOnlyLM.init(vocab, d, 2, d_ff, 3, rng)
+    # embedding (V, d), 3 blocks, final norm 2 d, W_out (d, V)
+    assert count_parameters(model) == vocab * d + 3 * per_block + 2 * d + d * vocab
+    assert count_parameters([model.norm, model.norm]) == 4 * d
+
+
+def test_count_parameters_rejects_something_that_is_not_a_layer():
+    with pytest.raises(TypeError, match=r"count_parameters.*dict"):
+        count_parameters({"W": np.ones(3)})

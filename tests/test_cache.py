@@ -86,6 +86,12 @@ def test_layer_index_out_of_range_raises():
         KVCache.init(2, 1, 4, 2).layer(2)
 
 
+@pytest.mark.parametrize("index", [1.5, 1.0, "1", True])
+def test_layer_index_that_is_not_an_integer_raises_a_type_error(index):
+    with pytest.raises(TypeError, match=r"layer index must be an integer"):
+        KVCache.init(2, 1, 4, 2).layer(index)
+
+
 def test_appending_past_capacity_raises_saying_full_and_the_capacity():
     cache = KVCache.init(1, 2, 4, 3)
     cache.append(0, np.ones((2, 3, 3)), np.ones((2, 3, 3)))

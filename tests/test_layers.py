@@ -223,6 +223,26 @@ def test_layer_norm_rejects_eps_that_is_not_positive(eps):
         LayerNorm(np.ones(2), np.zeros(2), eps)
 
 
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_norms_reject_an_infinite_eps_naming_eps(norm):
+    # eps = inf would divide every token by infinity and return beta (or 0) silently.
+    with pytest.raises(ValueError, match=r"eps.*inf"):
+        if norm == "layer":
+            LayerNorm(np.ones(2), np.zeros(2), float("inf"))
+        else:
+            RMSNorm(np.ones(2), float("inf"))
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("eps", ["a", None, True])
+def test_norms_reject_a_non_numeric_eps_with_a_type_error_naming_eps(norm, eps):
+    with pytest.raises(TypeError, match=r"^eps must be a real number"):
+        if norm == "layer":
+            LayerNorm(np.ones(2), np.zeros(2), eps)
+        else:
+            RMSNorm(np.ones(2), eps)
+
+
 def test_layer_norm_init_rejects_a_non_positive_size():
     with pytest.raises(ValueError, match=r"\bd\b"):
         LayerNorm.init(0)
