@@ -117,8 +117,8 @@ def hand_made_query_key(strength: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
 
     Notes
     -----
-    Introduced in chapter 03, *Scaled dot-product attention*; chapter 05 learns such
-    projections instead of writing them.
+    Introduced in chapter 03, *Scaled dot-product attention*. Real layers learn such
+    projections instead: chapter 05 explains why, and chapter 12 trains them.
 
     Examples
     --------

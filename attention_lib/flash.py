@@ -129,7 +129,7 @@ def sliding_window_mask(Tq: int, Tk: int | None = None, *, window: int) -> np.nd
 def peak_extra_bytes(function, *args, **kwargs) -> int:
     """Peak memory, in bytes, that one call allocates above what was in use when it started.
 
-    Runs ``function(*args, **kwargs)`` once under :mod:`tracemalloc`, Python's memory tracer,
+    Runs ``function(*args, **kwargs)`` once under ``tracemalloc``, Python's memory tracer,
     which also sees NumPy's array buffers, and returns the highest traced memory during the
     call minus the traced memory at its start: every temporary and the result, not the
     inputs. The result of the call is discarded. If ``tracemalloc`` was not tracing, it is

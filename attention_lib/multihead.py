@@ -301,7 +301,11 @@ class MultiHeadAttention:
     @classmethod
     def init(cls, d_model: int, num_heads: int, rng: np.random.Generator,
              dtype=np.float64, *, num_kv_heads: int | None = None) -> MultiHeadAttention:
-        """Random weights of scale ``1/sqrt(d_model)`` and zero biases (as PyTorch starts them).
+        """Random weights with entries of standard deviation ``1/sqrt(d_model)``, zero biases.
+
+        The weights come from :func:`~attention_lib.attention.init_linear_weight`. Only the zero
+        biases match ``torch.nn.MultiheadAttention``, which draws its weights differently
+        (Xavier-uniform for the input projections, ``nn.Linear``'s Kaiming-uniform for ``W_o``).
 
         ``num_kv_heads`` below ``num_heads`` gives grouped-query attention (1: multi-query).
         Raises ``ValueError`` if ``num_heads`` does not divide ``d_model`` or
