@@ -112,8 +112,8 @@ def main() -> None:
                                  "d = 64, float32, no mask; seconds: best of runs "
                                  "(information only)",
                   "d": D, "dtype": "float32", "block_q": 256, "block_k": 512,
-                  "threads": args.threads, "numpy": np.__version__,
-                  "machine": platform.machine(), "rows": rows}
+                  "threads": args.threads, "repeat": args.repeat, "numpy": np.__version__,
+                  "machine": platform.machine(), "system": platform.system(), "rows": rows}
         args.write.write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {args.write}")
 
