@@ -40,6 +40,12 @@ def _unit_pair(a, b, axis: int) -> tuple[np.ndarray, np.ndarray, int]:
             f"(shape {b.shape}) counted from the right, where broadcasting lines arrays up; "
             "use a negative axis or give a and b the same number of dimensions"
         )
+    for name, array, array_axis in (("a", a, axis_a), ("b", b, axis_b)):
+        if array.shape[array_axis] == 0:
+            raise ValueError(
+                f"{name} has 0 components along axis {axis} (shape {array.shape}); "
+                "a vector with no components has no direction"
+            )
     if a.shape[axis_a] != b.shape[axis_b]:
         raise ValueError(
             f"a has {a.shape[axis_a]} components along axis {axis} but b has "
@@ -86,11 +92,11 @@ def cosine_similarity(a, b, axis: int = -1) -> np.ndarray:
     Raises
     ------
     ValueError
-        If a vector is all zeros (its direction is undefined), an entry is NaN or inf, an
-        argument is a scalar, ``axis`` is out of range or names different axes of ``a`` and
-        ``b`` counted from the right, the vectors of ``a`` and ``b`` have different
-        dimensions (numbers of components along ``axis``), or their other dimensions do not
-        broadcast.
+        If a vector is all zeros (its direction is undefined) or has no components (size 0
+        along ``axis``), an entry is NaN or inf, an argument is a scalar, ``axis`` is out of
+        range or names different axes of ``a`` and ``b`` counted from the right, the vectors
+        of ``a`` and ``b`` have different dimensions (numbers of components along ``axis``),
+        or their other dimensions do not broadcast.
     TypeError
         If ``axis`` is not an integer or an argument does not hold real numbers.
 
@@ -137,8 +143,8 @@ def angle_degrees(a, b, axis: int = -1) -> np.ndarray:
     Raises
     ------
     ValueError, TypeError
-        As :func:`cosine_similarity` (zero vectors, mismatched dimensions, axes or shapes,
-        non-integer ``axis``, non-real input).
+        As :func:`cosine_similarity` (zero vectors, vectors with no components, mismatched
+        dimensions, axes or shapes, non-integer ``axis``, non-real input).
 
     Notes
     -----

@@ -1,4 +1,4 @@
-"""Softmax and log-softmax, numerically stable (chapter 02)."""
+"""Softmax, log-softmax and the softmax Jacobian, numerically stable (chapter 02)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from ._checks import as_float_array, check_axis
 
-__all__ = ["softmax", "log_softmax"]
+__all__ = ["softmax", "log_softmax", "softmax_jacobian"]
 
 
 def _shifted_logits(x, axis: int, caller: str) -> tuple[np.ndarray, int]:
@@ -39,7 +39,10 @@ def _shifted_logits(x, axis: int, caller: str) -> tuple[np.ndarray, int]:
 
 
 def softmax(x, axis: int = -1) -> np.ndarray:
-    """Turn scores into weights that are positive and sum to 1 along ``axis``.
+    """Turn scores into weights that are non-negative and sum to 1 along ``axis``.
+
+    Every finite score gets a positive weight in exact arithmetic; in floating point a score
+    far below the row maximum can underflow to weight 0, and a score of ``-inf`` gets exactly 0.
 
     ``softmax(x)_i = exp(x_i) / sum_j exp(x_j)``, computed as ``exp(x_i - m) / sum_j
     exp(x_j - m)`` with ``m`` the row maximum: the same value (softmax ignores a shift),
@@ -135,3 +138,68 @@ def log_softmax(x, axis: int = -1) -> np.ndarray:
     has_mass = sums > 0
     log_sums = np.log(np.where(has_mass, sums, 1)).astype(shifted.dtype)
     return np.where(has_mass, shifted - log_sums, -np.inf).astype(shifted.dtype)
+
+
+def softmax_jacobian(p, axis: int = -1) -> np.ndarray:
+    """The Jacobian of softmax, ``J = diag(p) - p p^T``, from the weights ``p = softmax(x)``.
+
+    ``J[..., i, j] = d p_i / d x_j = p_i ([i = j] - p_j)``: it depends on the scores only
+    through the weights, so it takes the weights. ``J`` is symmetric, every row and column sums
+    to 0, and it is 0 for a one-hot ``p`` (a saturated softmax passes back no gradient). For an
+    upstream gradient ``u = dL/dp``, ``J @ u = p * (u - sum(p * u))`` is the gradient with
+    respect to the scores; training computes that product directly, without forming ``J``.
+
+    Parameters
+    ----------
+    p : array_like
+        Softmax weights, each in ``[0, 1]``, normalized along ``axis``. A row of zeros (a fully
+        masked row of :func:`softmax`) gives a zero matrix.
+    axis : int, default -1
+        The axis along which ``p`` was normalized. It is moved to the end, and the Jacobian's
+        two axes are the last two of the result; the other axes keep their order.
+
+    Returns
+    -------
+    numpy.ndarray
+        One ``n x n`` matrix per row of weights. Float inputs keep their dtype; integer
+        inputs give float64.
+
+    Shapes
+    ------
+    p : (..., n) -> J : (..., n, n)  (shown for ``axis=-1``)
+
+    Raises
+    ------
+    ValueError
+        If ``p`` is a scalar, is empty along ``axis``, holds NaN or inf or an entry outside
+        ``[0, 1]`` (scores passed instead of weights, for example), or ``axis`` is out of
+        range.
+    TypeError
+        If ``axis`` is not an integer or ``p`` does not hold real numbers.
+
+    Notes
+    -----
+    Derived in chapter 02, *From scores to weights: softmax*.
+
+    Examples
+    --------
+    >>> softmax_jacobian(softmax([0.0, 0.0]))
+    array([[ 0.25, -0.25],
+           [-0.25,  0.25]])
+    """
+    p = as_float_array(p, "p", min_ndim=1)
+    axis = check_axis(axis, p.ndim, "p")
+    if p.shape[axis] == 0:
+        raise ValueError(f"p has length 0 along axis {axis} (shape {p.shape}); no weights")
+    if not np.isfinite(p).all():
+        raise ValueError(f"p contains NaN or inf (shape {p.shape}); it must hold weights")
+    if (p < 0).any() or (p > 1).any():
+        raise ValueError(
+            f"p has entries outside [0, 1] (shape {p.shape}, smallest {p.min()}, largest "
+            f"{p.max()}); softmax_jacobian takes the weights softmax(x), not the scores x"
+        )
+    p = np.moveaxis(p, axis, -1)
+    jacobian = -(p[..., :, None] * p[..., None, :])  # -p_i p_j, (..., n, n)
+    diagonal = np.arange(p.shape[-1])
+    jacobian[..., diagonal, diagonal] += p  # + p_i where i = j
+    return jacobian

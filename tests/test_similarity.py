@@ -173,7 +173,28 @@ def test_zero_vector_in_b_raises_naming_b(func):
 
 
 @BOTH
-def test_mismatched_vector_lengths_raise_naming_both(func):
+@pytest.mark.parametrize(
+    ("a", "b", "axis", "message"),
+    [
+        ([], [], -1, r"^a has 0 components along axis -1 \(shape \(0,\)\)"),
+        (np.zeros((3, 0)), np.zeros((3, 0)), -1, r"^a has 0 components along axis -1 .*\(3, 0"),
+        ([[1.0, 2.0]], np.zeros((2, 0)), -1, r"^b has 0 components along axis -1 \(shape \(2, 0"),
+        (np.zeros((0, 4)), np.zeros((0, 4)), 0, r"^a has 0 components along axis 0 \(shape \(0, 4"),
+    ],
+)
+def test_vectors_with_no_components_raise_naming_the_argument_and_shape(func, a, b, axis, message):
+    with pytest.raises(ValueError, match=message):
+        func(a, b, axis=axis)
+
+
+@BOTH
+def test_empty_batch_of_vectors_gives_an_empty_result(func):
+    # no vectors at all (0 rows of 3 components) is fine: zero results, not an error
+    assert func(np.zeros((0, 3)), np.ones(3)).shape == (0,)
+
+
+@BOTH
+def test_mismatched_vector_dimensions_raise_naming_both(func):
     with pytest.raises(ValueError, match=r"a has 3 components along axis -1 but b has 2"):
         func([1.0, 2.0, 3.0], [1.0, 2.0])
 

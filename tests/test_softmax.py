@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
-from attention_lib import log_softmax, softmax
+from attention_lib import log_softmax, softmax, softmax_jacobian
+from attention_lib.training import softmax_backward, softmax_forward
 
 BOTH = pytest.mark.parametrize("func", [softmax, log_softmax])
 LN2 = math.log(2.0)
@@ -259,3 +260,99 @@ def test_float32_weights_stay_float32_and_sum_to_one(x):
     weights = no_warnings(softmax, x)
     assert weights.dtype == np.float32
     np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- softmax_jacobian
+
+
+def _central_difference_jacobian(x, h=1e-6):
+    """d softmax(x)_i / d x_j estimated by central differences, column j from moving x_j."""
+    columns = [(softmax(x + h * e) - softmax(x - h * e)) / (2 * h) for e in np.eye(len(x))]
+    return np.stack(columns, axis=-1)
+
+
+def test_jacobian_of_two_equal_scores_by_hand():
+    # p = (1/2, 1/2): diag(p) - p p^T = [[1/2 - 1/4, -1/4], [-1/4, 1/2 - 1/4]]
+    np.testing.assert_allclose(
+        softmax_jacobian([0.5, 0.5]), [[0.25, -0.25], [-0.25, 0.25]], rtol=1e-15
+    )
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_jacobian_matches_central_differences(seed):
+    x = np.random.default_rng(seed).normal(scale=2.0, size=6)
+    np.testing.assert_allclose(
+        softmax_jacobian(softmax(x)), _central_difference_jacobian(x), atol=1e-9
+    )
+
+
+def test_jacobian_times_upstream_gradient_equals_softmax_backward():
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(3, 4, 5))
+    u = rng.normal(size=(3, 4, 5))
+    p, cache = softmax_forward(x)
+    via_jacobian = np.einsum("...ij,...j->...i", softmax_jacobian(p), u)
+    np.testing.assert_allclose(via_jacobian, softmax_backward(u, cache), atol=1e-15)
+
+
+def test_jacobian_is_symmetric_with_zero_row_and_column_sums():
+    p = softmax(np.random.default_rng(8).normal(size=(2, 7)))
+    jacobian = softmax_jacobian(p)
+    np.testing.assert_array_equal(jacobian, np.swapaxes(jacobian, -1, -2))
+    np.testing.assert_allclose(jacobian.sum(axis=-1), 0.0, atol=1e-16)
+    np.testing.assert_allclose(jacobian.sum(axis=-2), 0.0, atol=1e-16)
+
+
+def test_jacobian_of_one_hot_and_of_fully_masked_rows_is_zero():
+    one_hot = np.eye(4)[2]
+    masked = softmax(np.full(4, -np.inf))  # all zeros
+    np.testing.assert_array_equal(softmax_jacobian(np.stack([one_hot, masked])), 0.0)
+
+
+def test_jacobian_of_a_masked_entry_has_zero_row_and_column():
+    jacobian = softmax_jacobian(softmax([1.0, -np.inf, 2.0]))
+    np.testing.assert_array_equal(jacobian[1], 0.0)
+    np.testing.assert_array_equal(jacobian[:, 1], 0.0)
+
+
+def test_jacobian_axis_is_moved_to_the_end():
+    p = softmax(np.random.default_rng(9).normal(size=(3, 5, 2)), axis=1)  # rows along axis 1
+    jacobian = softmax_jacobian(p, axis=1)
+    assert jacobian.shape == (3, 2, 5, 5)
+    np.testing.assert_allclose(jacobian[1, 0], softmax_jacobian(p[1, :, 0]), rtol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_jacobian_keeps_the_float_dtype(dtype):
+    assert softmax_jacobian(np.array([0.25, 0.75], dtype=dtype)).dtype == dtype
+
+
+def test_jacobian_matches_torch_autograd():
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(10).normal(size=6)
+    expected = torch.autograd.functional.jacobian(
+        lambda t: torch.softmax(t, dim=-1), torch.tensor(x, dtype=torch.float64)
+    ).numpy()
+    np.testing.assert_allclose(softmax_jacobian(softmax(x)), expected, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("p", "error", "message"),
+    [
+        ([1.0, -2.0, 3.0], ValueError, r"^p has entries outside \[0, 1\].*not the scores x"),
+        ([0.5, np.nan], ValueError, r"^p contains NaN or inf \(shape \(2,\)\)"),
+        (0.5, ValueError, r"^p must have at least 1 dimensions"),
+        (np.zeros((2, 0)), ValueError, r"^p has length 0 along axis 1 \(shape \(2, 0\)\)"),
+        (["a", "b"], TypeError, r"^p must hold real numbers"),
+    ],
+)
+def test_jacobian_rejects_bad_weights_naming_p(p, error, message):
+    with pytest.raises(error, match=message):
+        softmax_jacobian(p)
+
+
+def test_jacobian_rejects_a_bad_axis():
+    with pytest.raises(ValueError, match=r"axis=2 is out of range for p"):
+        softmax_jacobian([0.5, 0.5], axis=2)
+    with pytest.raises(TypeError, match=r"axis must be an integer"):
+        softmax_jacobian([0.5, 0.5], axis=1.0)
