@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run every test: lint, the library (values, shapes, properties, parity with PyTorch), every
-# notebook re-executed by nbval, the book built with zero warnings, every page in Chromium.
-# Installs what the tests need: the virtual environment, PyTorch (CPU) and Debian's chromium.
+# notebook re-executed by nbval (natively, and in a Binder-like environment on a foreign CPU
+# configuration), the book built with zero warnings, every page in Chromium with axe-core, and
+# the whole book as a PDF. Installs what the tests need: the virtual environment, PyTorch
+# (CPU), Debian's chromium and TeX Live, and axe-core from npm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -12,19 +14,21 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
 fi
 
 CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
-if [ ! -x "$CHROMIUM" ]; then
-    echo "== installing Debian's chromium for the browser tests"
-    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium > /dev/null
-fi
 export CHROMIUM
+# Debian's chromium for the browser tests, TeX Live for the PDF test.
+bash scripts/install_system_packages.sh chromium tex
+# axe-core for the accessibility checks, pinned by tests/browser/package-lock.json.
+if [ ! -f tests/browser/node_modules/axe-core/axe.min.js ]; then
+    echo "== installing axe-core (npm ci)"
+    npm ci --prefix tests/browser --no-audit --no-fund --silent
+fi
 
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== pytest"
-# One BLAS thread per process: two xdist workers already use both cores, and the chapters'
-# small matrices gain nothing from threads (scripts/execute_notebooks.py does the same).
+# One BLAS thread per test process: two xdist workers already use both cores. The notebooks'
+# kernels run with 2 (tests/conftest.py), the Binder-environment run with 1 on a foreign CPU
+# configuration (tests/test_binder_env.py): stored outputs must hold under both.
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # loadfile keeps each notebook's cells (and the site tests) on one worker.
 .venv/bin/python -m pytest -n 2 --dist loadfile \

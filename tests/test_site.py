@@ -4,7 +4,9 @@ The build runs once per session into a temporary folder (`--all -W -n --keep-goi
 scripts/build_book.sh). Each page is then opened in Debian's Chromium, driven by Playwright,
 from a server on 127.0.0.1; the page fails on a console error, an uncaught exception, a failed
 request or any request to another host, a broken image, a link to a page or anchor that does
-not exist, or math that did not typeset.
+not exist, math that did not typeset or that a screen reader cannot read, a keyboard focus
+that cannot be seen, or any serious or critical accessibility violation found by axe-core
+(light and dark colour modes, desktop and phone widths).
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from bs4 import BeautifulSoup
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+# axe-core, from the npm registry (tests/browser/package-lock.json pins it; scripts/test.sh runs
+# npm ci). It is injected into each page by the test: the pages themselves fetch nothing.
+AXE = ROOT / "tests" / "browser" / "node_modules" / "axe-core" / "axe.min.js"
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
@@ -108,7 +115,7 @@ def check_page(browser, html: pathlib.Path, base: str, page_path: str, mode: str
                redirects_to: str | None = None) -> list[str]:
     """Open one page (following an expected redirect) and return every problem on it."""
     problems: list[str] = []
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport=DESKTOP)
     # The theme reads its light/dark mode from localStorage; a fresh profile logs an error.
     context.add_init_script(f"localStorage.setItem('mode', '{mode}');"
                             f"localStorage.setItem('theme', '{mode}');")
@@ -152,11 +159,46 @@ def check_page(browser, html: pathlib.Path, base: str, page_path: str, mode: str
         errors = page.locator("mjx-merror").count()
         if errors:
             problems.append(f"{errors} formulas have TeX errors")
+        # MathJax's assistive MathML is what a screen reader reads out.
+        readable = page.locator("mjx-container mjx-assistive-mml").count()
+        if readable < page.locator("mjx-container").count():
+            problems.append(f"math without assistive MathML: {readable} of "
+                            f"{page.locator('mjx-container').count()} formulas")
 
     hrefs = page.eval_on_selector_all("a[href]", "links => links.map(a => a.href)")
     for href in hrefs:
         problems += check_link(html, url, href, host)
+    problems += accessibility_problems(page)
+    problems += invisible_focus(page)
     context.close()
+    return problems
+
+
+def accessibility_problems(page) -> list[str]:
+    """axe-core's serious and critical violations on the open page, one line each."""
+    if not AXE.exists():
+        pytest.fail(f"no axe-core at {AXE}: scripts/test.sh installs it (npm ci)")
+    page.add_script_tag(path=str(AXE))
+    violations = page.evaluate(
+        "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
+        ".filter(v => v.impact === 'serious' || v.impact === 'critical')"
+        ".map(v => [v.impact, v.id, v.help, v.nodes.length, v.nodes[0].target.join(' ')])")
+    return [f"axe {impact}: {rule} ({help}) on {count} elements, e.g. {target}"
+            for impact, rule, help, count, target in violations]
+
+
+def invisible_focus(page, presses: int = 8) -> list[str]:
+    """Tab through the first controls of the page: each must show a visible focus outline."""
+    problems = []
+    page.locator("body").focus()
+    for _ in range(presses):
+        page.keyboard.press("Tab")
+        tag, name, style, width = page.evaluate(
+            "() => { const e = document.activeElement; const s = getComputedStyle(e);"
+            " return [e.tagName, (e.getAttribute('aria-label') || e.textContent || '').trim()"
+            ".slice(0, 30), s.outlineStyle, parseFloat(s.outlineWidth)] }")
+        if tag != "BODY" and (style == "none" or width < 2):
+            problems.append(f"keyboard focus not visible on <{tag.lower()}> {name!r}")
     return problems
 
 
@@ -188,6 +230,20 @@ def test_page_works_in_a_browser(site, browser, page_path, mode):
     html, base = site
     problems = check_page(browser, html, base, page_path, mode=mode)
     assert not problems, f"{page_path} ({mode}):\n" + "\n".join(sorted(set(problems)))
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+@pytest.mark.parametrize("page_path", site_pages())
+def test_page_is_accessible_at_phone_width(site, browser, page_path, mode):
+    _, base = site
+    context = browser.new_context(viewport=PHONE)
+    context.add_init_script(f"localStorage.setItem('mode', '{mode}');"
+                            f"localStorage.setItem('theme', '{mode}');")
+    page = context.new_page()
+    page.goto(urllib.parse.urljoin(base, page_path), wait_until="load")
+    problems = accessibility_problems(page)
+    context.close()
+    assert not problems, f"{page_path} ({mode}, phone):\n" + "\n".join(problems)
 
 
 def test_every_built_page_was_checked(site):
