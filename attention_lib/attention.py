@@ -106,7 +106,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
     bias : array_like, optional
         Added to the scaled scores before masking and softmax; must broadcast with
         ``(..., Tq, Tk)`` (see Shapes): a position-dependent preference such as ALiBi
-        (chapter 07).
+        (chapter 07). Finite, or ``-inf`` where a key is blocked.
 
     Returns
     -------
@@ -131,9 +131,10 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
     ValueError
         If an input has fewer than 2 dimensions, ``q`` and ``k`` differ in ``d_k``,
         ``k`` and ``v`` differ in ``Tk``, the batch dimensions do not broadcast, the
-        mask or bias does not broadcast with the scores, ``scale`` is not a finite
-        number, or the scores overflow the dtype (float16 above 65504: scale ``q`` or
-        ``k`` down, or compute in float32).
+        mask or bias does not broadcast with the scores, ``bias`` contains NaN or
+        ``+inf``, ``scale`` is not a finite number, or the scores (before or after
+        adding the bias) overflow the dtype (float16 above 65504: scale ``q``, ``k`` or
+        the bias down, or compute in float32).
     TypeError
         If ``mask`` is not boolean.
 
@@ -183,7 +184,22 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
                 f"bias of shape {bias.shape} does not broadcast to the scores' shape "
                 f"{scores_shape} (..., Tq, Tk)"
             ) from None
-        scores = np.add(scores, bias, dtype=scores.dtype)
+        # -inf is allowed (it blocks like a mask); NaN and +inf have no meaning as a bias.
+        if np.isnan(bias).any() or np.isposinf(bias).any():
+            raise ValueError(
+                f"bias contains NaN or +inf (shape {bias.shape}); a bias must be finite, "
+                "or -inf where it blocks a key"
+            )
+        with np.errstate(over="ignore", invalid="ignore"):  # checked just below, by name
+            biased = np.add(scores, bias, dtype=scores.dtype)
+        if not np.isfinite(biased[np.broadcast_to(np.isfinite(bias), biased.shape)]).all():
+            raise ValueError(
+                f"the scores q @ k^T * scale + bias overflowed {scores.dtype} (largest finite "
+                f"{float(np.finfo(scores.dtype).max):.6g}; bias.shape={bias.shape}, largest "
+                f"|finite bias| {float(np.abs(bias[np.isfinite(bias)]).max(initial=0)):.6g}): "
+                "scale the bias down, or compute in float32"
+            )
+        scores = biased
     if mask is not None:
         mask = _check_mask(mask, scores_shape)
         scores = np.where(mask, scores, -np.inf).astype(scores.dtype, copy=False)

@@ -93,7 +93,9 @@ def padding_mask(lengths, T: int) -> np.ndarray:
     Notes
     -----
     Derived in chapter 04, *Masking*. Query rows at padded positions are left
-    unmasked (they attend to the real keys); their outputs are simply ignored. This is
+    unmasked (they attend to the real keys); leave their outputs out of the loss. A
+    length of 0 blocks every key, and :func:`~attention_lib.attention.scaled_dot_product_attention`
+    gives such queries zero weights and zero outputs. This is
     right padding only; for left padding (pads first, as in batched generation) the
     mask is ``np.arange(T) >= T - lengths[..., None]`` with a query axis inserted.
 

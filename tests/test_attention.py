@@ -403,6 +403,36 @@ def test_float16_scores_just_below_the_limit_are_kept_in_float16():
     np.testing.assert_array_equal(output, 180)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_nan_or_plus_inf_bias_raises_naming_bias_and_its_shape(bad):
+    q = k = v = np.ones((2, 3))
+    bias = np.zeros((1, 2, 2))
+    bias[0, 1, 0] = bad
+    with pytest.raises(ValueError, match=r"^bias contains NaN or \+inf \(shape \(1, 2, 2\)\)"):
+        no_warnings(attend, q, k, v, bias=bias)
+
+
+def test_a_minus_inf_bias_blocks_a_key_like_a_mask():
+    rng = np.random.default_rng(14)
+    q, k, v = rng.normal(size=(3, 3, 2))
+    blocked = np.array([[True, False, True], [False, False, True], [True, True, True]])
+    bias = np.where(blocked, 0.0, -np.inf)
+    output, weights = no_warnings(attend, q, k, v, bias=bias)
+    expected_output, expected_weights = attend(q, k, v, mask=blocked)
+    np.testing.assert_array_equal(weights, expected_weights)
+    np.testing.assert_array_equal(output, expected_output)
+
+
+@pytest.mark.parametrize("bias_value", [1e5, -1e5, 6e4])
+def test_a_float16_bias_that_overflows_the_scores_raises_naming_bias_without_warnings(
+        bias_value):
+    q = np.full((2, 4), 100, np.float16)  # scores 4 * 100**2 / 2 = 20000: fit float16
+    bias = np.full((2, 2), bias_value, np.float16 if abs(bias_value) < 65504 else np.float64)
+    with pytest.raises(ValueError, match=r"^the scores q @ k\^T \* scale \+ bias overflowed "
+                       r"float16 \(largest finite 65504; bias.shape=\(2, 2\)"):
+        no_warnings(attend, q, q, q, bias=bias)
+
+
 def test_a_mask_with_more_batch_dimensions_than_q_k_v_adds_them_to_the_output():
     rng = np.random.default_rng(12)
     q, k = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
