@@ -1,10 +1,13 @@
 """all-MiniLM-L6-v2, a real sentence encoder, run on the library's own blocks (chapter 15).
 
-all-MiniLM-L6-v2 (Wang et al. 2020; fine-tuned for sentence embeddings as in Reimers and
-Gurevych 2019) is a small BERT: token + learned position + segment embeddings and a LayerNorm,
-then six post-LN encoder blocks of width 384 with 12 heads of 32 and a GELU feed-forward
-network of width 1536. A sentence's embedding is the mean of its tokens' last hidden states
-(real tokens only), scaled to length 1.
+all-MiniLM-L6-v2 is a small BERT made in three steps: Microsoft's MiniLM-L12-H384 was
+distilled from BERT (Wang et al. 2020); a 6-layer version of it keeps only every second layer
+(the model card of ``nreimers/MiniLM-L6-H384-uncased``); the sentence-transformers project
+fine-tuned that for sentence embeddings (Reimers and Gurevych 2019; the model card of
+``sentence-transformers/all-MiniLM-L6-v2``). It is token + learned position + segment
+embeddings and a LayerNorm, then six post-LN encoder blocks of width 384 with 12 heads of 32
+and a GELU feed-forward network of width 1536. A sentence's embedding is the mean of its
+tokens' last hidden states (real tokens only), scaled to length 1.
 
 Every piece of the forward pass is a library object:
 :class:`~attention_lib.multihead.MultiHeadAttention` (chapter 06),

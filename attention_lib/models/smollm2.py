@@ -306,8 +306,10 @@ class SmolLM2Tokenizer:
     Text is split into pieces (single digits; then GPT-2's pattern: words with their leading
     space, numbers, punctuation runs, whitespace), each piece's UTF-8 bytes are spelled with
     one printable character per byte (a space is ``"Ġ"``), and the merges are applied in
-    rank order. The 17 control tokens (``<|endoftext|>``, ``<|im_start|>``, ...) are kept
-    whole. The work is done by the ``tokenizers`` package.
+    rank order. The 17 control tokens (``<|endoftext|>``, ``<|im_start|>``, ...) are never
+    produced by the merges; they are added as special tokens, so one is emitted, as a single
+    id, only where its exact spelling appears in the text. The work is done by the
+    ``tokenizers`` package.
 
     Parameters
     ----------
