@@ -30,7 +30,9 @@ def count_parameters(*layers) -> int:
 
     Walks the fields of each dataclass (attention layers, norms, feed-forward networks,
     blocks, stacks, whole models), into nested dataclasses and lists of them, and adds up
-    the sizes of the NumPy arrays it finds.
+    the sizes of the NumPy arrays it finds. An array held in two places counts once, like
+    PyTorch's ``parameters()``: the same array object twice, or a transposed view of it
+    (tied embeddings, ``W_out = embedding.T`` as in GPT-2 and SmolLM2).
 
     Parameters
     ----------
@@ -48,20 +50,33 @@ def count_parameters(*layers) -> int:
     --------
     >>> count_parameters(LayerNorm.init(8))  # gamma and beta
     16
+    >>> norm = LayerNorm.init(8)
+    >>> count_parameters(norm, norm)  # the same arrays, counted once
+    16
     """
-    total = 0
-    for layer in layers:
+    seen = set()
+
+    def walk(layer) -> int:
         if isinstance(layer, np.ndarray):
-            total += layer.size
-        elif isinstance(layer, (list, tuple)):
-            total += count_parameters(*layer)
-        elif is_dataclass(layer) and not isinstance(layer, type):
-            total += count_parameters(*(getattr(layer, f.name) for f in fields(layer)))
-        elif is_dataclass(layer) or not isinstance(layer, (int, float, str, bool, type(None),
-                                                           np.generic)):
+            # The same entries, whatever the order of the axes: the same object, or a view
+            # such as its transpose, has the same address, dtype and (length, stride) pairs.
+            key = (layer.__array_interface__["data"][0], layer.dtype.str,
+                   tuple(sorted(zip(layer.shape, layer.strides))))
+            if key in seen:
+                return 0
+            seen.add(key)
+            return layer.size
+        if isinstance(layer, (list, tuple)):
+            return sum(walk(item) for item in layer)
+        if is_dataclass(layer) and not isinstance(layer, type):
+            return sum(walk(getattr(layer, f.name)) for f in fields(layer))
+        if is_dataclass(layer) or not isinstance(layer, (int, float, str, bool, type(None),
+                                                         np.generic)):
             raise TypeError(f"count_parameters takes layers (dataclasses) or arrays; got "
                             f"{type(layer).__name__}")
-    return total
+        return 0
+
+    return walk(list(layers))
 
 
 @dataclass
@@ -240,7 +255,7 @@ def embed_tokens(embedding: np.ndarray, tokens, start: int = 0) -> np.ndarray:
     """Look up token vectors, scale them by ``sqrt(d_model)`` and add sinusoidal positions.
 
     The scaling is the paper's (section 3.4, which gives no reason for it). With the
-    library's initialisation (entries of size ``1/sqrt(d_model)``) it brings the token
+    library's initialization (entries of size ``1/sqrt(d_model)``) it brings the token
     vectors' entries to size about 1, comparable to the positions' (RMS ``1/sqrt(2)``).
     ``start`` is the position of the first token (the cache length when decoding).
 

@@ -38,9 +38,12 @@ def relu(x) -> np.ndarray:
 def gelu(x) -> np.ndarray:
     """The exact Gaussian error linear unit ``x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))``.
 
-    Hendrycks and Gimpel 2016; BERT uses this exact form, as does PyTorch's
-    ``activation="gelu"``. The ``tanh`` approximation (:func:`gelu_tanh`, which GPT-2's
-    code uses) differs by up to about 5e-4.
+    Hendrycks and Gimpel 2016. PyTorch's ``activation="gelu"`` and Hugging Face's BERT
+    (activation ``"gelu"``, documented as "the original implementation ... in Google BERT
+    repo when initially created") compute this exact form. Google's BERT code
+    (``modeling.py``) did so in its first release (2018) and has computed the ``tanh``
+    approximation since February 2019. That approximation, :func:`gelu_tanh` (also
+    GPT-2's code), differs from this one by up to about 5e-4.
 
     Shapes
     ------
@@ -253,8 +256,9 @@ class FeedForward:
     b2 : numpy.ndarray
         ``(d_model,)``.
     activation : str
-        A key of :data:`ACTIVATIONS`: ``"relu"`` (the paper), ``"gelu"`` (BERT) or
-        ``"gelu_tanh"`` (GPT-2's code).
+        A key of :data:`ACTIVATIONS`: ``"relu"`` (the paper), ``"gelu"`` (the exact form,
+        Hugging Face's BERT) or ``"gelu_tanh"`` (the tanh approximation: GPT-2's code and
+        Google's BERT code since 2019).
 
     Shapes
     ------
@@ -353,8 +357,12 @@ class GatedFeedForward:
     activation: str = "silu"
 
     def __post_init__(self):
-        for name in ("W_gate", "W_up", "W_down"):
-            setattr(self, name, as_float_array(getattr(self, name), name, min_ndim=2))
+        names = ("W_gate", "W_up", "W_down")
+        for name in names:
+            setattr(self, name, as_float_array(getattr(self, name), name, min_ndim=1))
+        if any(getattr(self, name).ndim != 2 for name in names):
+            got = ", ".join(f"{name} {getattr(self, name).shape}" for name in names)
+            raise ValueError(f"W_gate, W_up and W_down must be 2-d; got {got}")
         d_model, d_ff = self.W_gate.shape
         if self.W_up.shape != (d_model, d_ff) or self.W_down.shape != (d_ff, d_model):
             raise ValueError(

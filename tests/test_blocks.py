@@ -447,7 +447,30 @@ def test_count_parameters_walks_lists_of_blocks_and_whole_models():
     model = DecoderOnlyLM.init(vocab, d, 2, d_ff, 3, rng)
     # embedding (V, d), 3 blocks, final norm 2 d, W_out (d, V)
     assert count_parameters(model) == vocab * d + 3 * per_block + 2 * d + d * vocab
-    assert count_parameters([model.norm, model.norm]) == 4 * d
+    assert count_parameters([model.blocks[0].norm1, model.norm]) == 4 * d
+
+
+def test_count_parameters_counts_an_array_held_twice_once():
+    block = EncoderBlock.init(8, 2, 20, np.random.default_rng(2))
+    assert count_parameters(block, block) == count_parameters(block) == 668
+    assert count_parameters([block.norm1, block.norm1]) == 16
+    # Equal values in different arrays are different parameters.
+    twin = dataclasses.replace(block.norm1, gamma=block.norm1.gamma.copy(),
+                               beta=block.norm1.beta.copy())
+    assert count_parameters(block.norm1, twin) == 32
+
+
+def test_count_parameters_counts_tied_embeddings_once_like_torch_parameters():
+    torch = pytest.importorskip("torch")
+    d, d_ff, vocab = 8, 20, 11
+    untied = DecoderOnlyLM.init(vocab, d, 2, d_ff, 3, np.random.default_rng(3))
+    tied = dataclasses.replace(untied, W_out=untied.embedding.T)  # a view, as in GPT-2
+    assert count_parameters(tied) == count_parameters(untied) - d * vocab
+    # PyTorch: an embedding and an output layer sharing one weight.
+    embedding, output = torch.nn.Embedding(vocab, d), torch.nn.Linear(d, vocab, bias=False)
+    output.weight = embedding.weight
+    torch_count = sum(p.numel() for p in torch.nn.ModuleList([embedding, output]).parameters())
+    assert torch_count == count_parameters(untied.embedding, untied.embedding.T) == vocab * d
 
 
 def test_count_parameters_rejects_something_that_is_not_a_layer():

@@ -15,6 +15,7 @@ from hypothesis.extra import numpy as hnp
 from attention_lib.layers import (
     ACTIVATIONS,
     FeedForward,
+    GatedFeedForward,
     LayerNorm,
     RMSNorm,
     gelu,
@@ -345,6 +346,24 @@ def test_feed_forward_rejects_inconsistent_shapes_naming_what_it_expected(shapes
     w1, b1, w2, b2 = (np.zeros(shape) for shape in shapes)
     with pytest.raises(ValueError, match=pattern):
         FeedForward(w1, b1, w2, b2)
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [((2, 3, 4), (4, 3), (3, 4)), ((4, 3), (4, 3), (3,)), ((4, 3), (1, 4, 3), (3, 4))],
+    ids=["W_gate-3d", "W_down-1d", "W_up-3d"],
+)
+def test_gated_feed_forward_rejects_matrices_that_are_not_2d_naming_all_three(shapes):
+    w_gate, w_up, w_down = (np.ones(shape) for shape in shapes)
+    with pytest.raises(ValueError, match=re.escape(
+            f"W_gate, W_up and W_down must be 2-d; got W_gate {shapes[0]}, "
+            f"W_up {shapes[1]}, W_down {shapes[2]}")):
+        GatedFeedForward(w_gate, w_up, w_down)
+
+
+def test_gated_feed_forward_rejects_inconsistent_shapes_naming_what_it_expected():
+    with pytest.raises(ValueError, match=r"expected W_up \(4, 3\) and W_down \(3, 4\)"):
+        GatedFeedForward(np.ones((4, 3)), np.ones((4, 3)), np.ones((4, 3)))
 
 
 def test_feed_forward_rejects_x_with_the_wrong_feature_count():
