@@ -29,7 +29,9 @@ def split_heads(x, num_heads: int) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        A view when possible, no copy of the data.
+        For a floating-point array ``x``, a view of it (no data copied: splitting one axis
+        in two never needs a copy). Integer, boolean or nested-list input is first
+        converted to a new float64 array.
 
     Shapes
     ------

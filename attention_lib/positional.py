@@ -86,7 +86,7 @@ def apply_rope(x, positions, base: float = 10000.0) -> np.ndarray:
     positions : array_like of int
         The position of each of the ``T`` tokens (broadcastable to ``x.shape[:-1]``).
     base : float, default 10000.0
-        Sets the slowest rotation; Llama 1 and 2 use 10000, Llama 3 500000, SmolLM2 100000.
+        Sets the slowest rotation; Llama 1 and 2 use 10000, Llama 3 500000, SmolLM2-135M 100000.
 
     Returns
     -------

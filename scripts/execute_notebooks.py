@@ -46,6 +46,9 @@ def execute(path: pathlib.Path, timeout: int = 600) -> float:
     client = NotebookClient(
         notebook, timeout=timeout, kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
+        # print() sends its text and its newline separately; when the kernel's flush timer
+        # fires in between, a cell stores two outputs (one of them a lone newline). Merge them.
+        coalesce_streams=True,
     )
     start = time.perf_counter()
     client.execute()
