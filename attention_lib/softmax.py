@@ -199,7 +199,8 @@ def softmax_jacobian(p, axis: int = -1) -> np.ndarray:
             f"{p.max()}); softmax_jacobian takes the weights softmax(x), not the scores x"
         )
     p = np.moveaxis(p, axis, -1)
-    jacobian = -(p[..., :, None] * p[..., None, :])  # -p_i p_j, (..., n, n)
+    # -p_i p_j, (..., n, n); 0 - x rather than -x, so that a product of 0 gives +0, not -0
+    jacobian = 0.0 - p[..., :, None] * p[..., None, :]
     diagonal = np.arange(p.shape[-1])
     jacobian[..., diagonal, diagonal] += p  # + p_i where i = j
     return jacobian

@@ -309,6 +309,16 @@ def test_jacobian_of_one_hot_and_of_fully_masked_rows_is_zero():
     np.testing.assert_array_equal(softmax_jacobian(np.stack([one_hot, masked])), 0.0)
 
 
+def test_jacobian_zeros_are_positive_zeros():
+    # -(0 * p_j) would be -0.0: equal to 0, but printed as "-0." and with its sign bit set
+    one_hot, masked = np.array([0.0, 1.0, 0.0]), np.zeros(3)
+    jacobian = softmax_jacobian(np.stack([one_hot, masked]))
+    assert not np.signbit(jacobian).any()
+    float32_jacobian = softmax_jacobian(np.zeros(3, dtype=np.float32))
+    assert float32_jacobian.dtype == np.float32
+    assert not np.signbit(float32_jacobian).any()
+
+
 def test_jacobian_of_a_masked_entry_has_zero_row_and_column():
     jacobian = softmax_jacobian(softmax([1.0, -np.inf, 2.0]))
     np.testing.assert_array_equal(jacobian[1], 0.0)
