@@ -130,13 +130,16 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
     ------
     ValueError
         If an input has fewer than 2 dimensions, ``q`` and ``k`` differ in ``d_k``,
-        ``k`` and ``v`` differ in ``Tk``, the batch dimensions do not broadcast, the
-        mask or bias does not broadcast with the scores, ``bias`` contains NaN or
-        ``+inf``, ``scale`` is not a finite number, or the scores (before or after
-        adding the bias) overflow the dtype (float16 above 65504: scale ``q``, ``k`` or
-        the bias down, or compute in float32).
+        ``d_k = 0``, ``Tk = 0`` (no keys), ``q``, ``k`` or ``v`` contains NaN or
+        ``inf``, ``k`` and ``v`` differ in ``Tk``, the batch dimensions do not
+        broadcast, the mask or bias does not broadcast with the scores, ``bias``
+        contains NaN or ``+inf``, ``scale`` is not a finite real number (a bool
+        included), or the scores (before or after adding the bias) overflow the dtype
+        (float16 above 65504: scale ``q``, ``k`` or the bias down, or compute in
+        float32).
     TypeError
-        If ``mask`` is not boolean.
+        If ``mask`` is not boolean, or ``q``, ``k``, ``v`` or ``bias`` does not hold
+        real numbers (a complex or string dtype, say).
 
     Notes
     -----

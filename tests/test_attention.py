@@ -335,6 +335,21 @@ def test_zero_width_queries_and_keys_raise_value_error_naming_dk():
         attend(np.ones((2, 0)), np.ones((3, 0)), np.ones((3, 2)))
 
 
+def test_zero_keys_raise_value_error_naming_k_and_its_shape():
+    with pytest.raises(ValueError, match=r"^k has Tk=0 keys \(k.shape=\(0, 3\)\)"):
+        attend(np.ones((2, 3)), np.ones((0, 3)), np.ones((0, 4)))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_a_non_finite_query_key_or_value_raises_naming_it(name, bad):
+    inputs = {"q": np.ones((2, 3)), "k": np.ones((4, 3)), "v": np.ones((4, 5))}
+    inputs[name][1, 2] = bad
+    shape = re.escape(str(inputs[name].shape))
+    with pytest.raises(ValueError, match=rf"^{name} contains NaN or inf \(shape {shape}\)"):
+        attend(inputs["q"], inputs["k"], inputs["v"])
+
+
 def test_attention_over_zero_keys_gives_zero_rows_or_an_error_naming_k():
     # Tk = 0: every query may attend to nothing. Either the fully-masked-row convention
     # applies (zero output rows, (Tq, 0) weights) or the error must name k, not an internal x.
