@@ -137,7 +137,7 @@ def apply_rope(x, positions, base: float = 10000.0) -> np.ndarray:
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
-    """The per-head slopes of ALiBi: a geometric sequence starting at ``2^(-8/H)``.
+    """The per-head slopes of ALiBi: geometric from ``2^(-8/H)`` when ``H`` is a power of two.
 
     For a power of two ``H`` the slopes are ``2^(-8/H), 2^(-16/H), ..., 2^(-8)`` (the paper
     trains only such models). Otherwise this follows ``get_slopes`` of the authors' reference
