@@ -140,8 +140,8 @@ def plot_vectors_2d(
     ax=None,
     title: str | None = None,
     colors=None,
-    xlabel: str = "dimension 1",
-    ylabel: str = "dimension 2",
+    xlabel: str = "component 1",
+    ylabel: str = "component 2",
     linestyle: str = "-",
 ):
     """Draw 2-d vectors as arrows from the origin, each labelled at its tip.

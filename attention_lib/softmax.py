@@ -20,9 +20,7 @@ def _shifted_logits(x, axis: int, caller: str) -> tuple[np.ndarray, int]:
     x = as_float_array(x, "x", min_ndim=1)
     axis = check_axis(axis, x.ndim, "x")
     if x.shape[axis] == 0:
-        raise ValueError(
-            f"x has length 0 along axis {axis} (shape {x.shape}); nothing to normalize"
-        )
+        raise ValueError(f"x has size 0 along axis {axis} (shape {x.shape}); nothing to normalize")
     row_max = np.max(x, axis=axis, keepdims=True)
     # The maximum is NaN if the row holds a NaN and +inf if it holds +inf: checking the
     # (small) array of maxima checks every entry.
@@ -140,6 +138,29 @@ def log_softmax(x, axis: int = -1) -> np.ndarray:
     return np.where(has_mass, shifted - log_sums, -np.inf).astype(shifted.dtype)
 
 
+def _check_rows_sum_to_one(p: np.ndarray, axis: int) -> None:
+    """Raise unless every row of ``p`` along ``axis`` sums to 1 (up to rounding) or is all 0.
+
+    Softmax rounds each of the ``n`` weights of a row and their sum, so a row of weights sums
+    to 1 only within a few ``n eps``; the allowance is ``8 n eps`` (``16 n eps`` for float16,
+    whose weights often come from a float32 computation rounded entry by entry). The sums
+    are taken in float64, so the check adds no rounding of its own.
+    """
+    n = p.shape[axis]
+    factor = 16 if p.dtype == np.float16 else 8
+    tolerance = factor * n * float(np.finfo(p.dtype).eps)
+    row_sums = np.sum(p, axis=axis, dtype=np.float64)
+    # Entries are in [0, 1], so a row sums to 0 exactly when it is all zeros (fully masked).
+    off_by = np.where(row_sums == 0, 0.0, np.abs(row_sums - 1))
+    worst = np.unravel_index(np.argmax(off_by), off_by.shape)
+    if off_by[worst] > tolerance:
+        raise ValueError(
+            f"p is not normalized along axis {axis} (shape {p.shape}): a row sums to "
+            f"{row_sums[worst]:.6g}, not 1 (tolerance {tolerance:.1e}) nor 0 (fully masked); "
+            "softmax_jacobian takes the weights softmax(x), not the scores x"
+        )
+
+
 def softmax_jacobian(p, axis: int = -1) -> np.ndarray:
     """The Jacobian of softmax, ``J = diag(p) - p p^T``, from the weights ``p = softmax(x)``.
 
@@ -152,8 +173,9 @@ def softmax_jacobian(p, axis: int = -1) -> np.ndarray:
     Parameters
     ----------
     p : array_like
-        Softmax weights, each in ``[0, 1]``, normalized along ``axis``. A row of zeros (a fully
-        masked row of :func:`softmax`) gives a zero matrix.
+        Softmax weights, each in ``[0, 1]``, every row along ``axis`` summing to 1 up to the
+        rounding of the dtype (``8 n eps`` for ``n`` weights per row, ``16 n eps`` for
+        float16). A row of zeros (a fully masked row of :func:`softmax`) gives a zero matrix.
     axis : int, default -1
         The axis along which ``p`` was normalized. It is moved to the end, and the Jacobian's
         two axes are the last two of the result; the other axes keep their order.
@@ -172,8 +194,8 @@ def softmax_jacobian(p, axis: int = -1) -> np.ndarray:
     ------
     ValueError
         If ``p`` is a scalar, is empty along ``axis``, holds NaN or inf or an entry outside
-        ``[0, 1]`` (scores passed instead of weights, for example), or ``axis`` is out of
-        range.
+        ``[0, 1]``, has a row along ``axis`` that neither sums to 1 nor is all zeros (scores
+        passed instead of weights, for example), or ``axis`` is out of range.
     TypeError
         If ``axis`` is not an integer or ``p`` does not hold real numbers.
 
@@ -190,7 +212,7 @@ def softmax_jacobian(p, axis: int = -1) -> np.ndarray:
     p = as_float_array(p, "p", min_ndim=1)
     axis = check_axis(axis, p.ndim, "p")
     if p.shape[axis] == 0:
-        raise ValueError(f"p has length 0 along axis {axis} (shape {p.shape}); no weights")
+        raise ValueError(f"p has size 0 along axis {axis} (shape {p.shape}); no weights")
     if not np.isfinite(p).all():
         raise ValueError(f"p contains NaN or inf (shape {p.shape}); it must hold weights")
     if (p < 0).any() or (p > 1).any():
@@ -198,6 +220,7 @@ def softmax_jacobian(p, axis: int = -1) -> np.ndarray:
             f"p has entries outside [0, 1] (shape {p.shape}, smallest {p.min()}, largest "
             f"{p.max()}); softmax_jacobian takes the weights softmax(x), not the scores x"
         )
+    _check_rows_sum_to_one(p, axis)
     p = np.moveaxis(p, axis, -1)
     # -p_i p_j, (..., n, n); 0 - x rather than -x, so that a product of 0 gives +0, not -0
     jacobian = 0.0 - p[..., :, None] * p[..., None, :]

@@ -144,7 +144,7 @@ def test_vectors_are_arrows_from_the_origin_labelled_at_their_tips():
     assert [t.get_text() for t in labels] == ["x", "y"]
     np.testing.assert_array_equal([t.xy for t in labels], vectors)
     assert ax.get_title() == "two vectors"
-    assert (ax.get_xlabel(), ax.get_ylabel()) == ("dimension 1", "dimension 2")
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("component 1", "component 2")
 
 
 def test_vector_plot_keeps_every_tip_and_the_origin_in_view():

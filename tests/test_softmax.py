@@ -119,8 +119,8 @@ def test_a_scalar_raises_naming_x(func):
 
 
 @BOTH
-def test_zero_length_axis_raises_naming_x(func):
-    with pytest.raises(ValueError, match=r"^x has length 0 along axis 1"):
+def test_axis_of_size_0_raises_naming_x(func):
+    with pytest.raises(ValueError, match=r"^x has size 0 along axis 1"):
         func(np.zeros((3, 0)))
 
 
@@ -352,13 +352,68 @@ def test_jacobian_matches_torch_autograd():
         ([1.0, -2.0, 3.0], ValueError, r"^p has entries outside \[0, 1\].*not the scores x"),
         ([0.5, np.nan], ValueError, r"^p contains NaN or inf \(shape \(2,\)\)"),
         (0.5, ValueError, r"^p must have at least 1 dimensions"),
-        (np.zeros((2, 0)), ValueError, r"^p has length 0 along axis 1 \(shape \(2, 0\)\)"),
+        (np.zeros((2, 0)), ValueError, r"^p has size 0 along axis 1 \(shape \(2, 0\)\)"),
         (["a", "b"], TypeError, r"^p must hold real numbers"),
     ],
 )
 def test_jacobian_rejects_bad_weights_naming_p(p, error, message):
     with pytest.raises(error, match=message):
         softmax_jacobian(p)
+
+
+def test_jacobian_rejects_cosine_scores_in_zero_one_that_are_not_weights():
+    # The cosine scores of "it" in chapter 02: every entry is in [0, 1], but they sum to 1.94.
+    from attention_lib.examples import SENTENCE_TOKENS, sentence_embeddings
+    from attention_lib.similarity import cosine_similarity
+
+    embeddings = sentence_embeddings()
+    scores = cosine_similarity(embeddings[list(SENTENCE_TOKENS).index("it")], embeddings)
+    assert scores.min() >= 0 and scores.max() <= 1
+    with pytest.raises(
+        ValueError,
+        match=r"^p is not normalized along axis 0 \(shape \(10,\)\): a row sums to 1\.93.*"
+        r"not the scores x",
+    ):
+        softmax_jacobian(scores)
+    softmax_jacobian(softmax(scores))  # their softmax is accepted
+
+
+def test_jacobian_error_names_the_worst_row_sum_of_a_batch():
+    p = np.array([[0.5, 0.5], [0.0, 0.0], [0.3, 0.3], [0.6, 0.6]])  # sums 1, 0, 0.6, 1.2
+    with pytest.raises(
+        ValueError,
+        match=r"^p is not normalized along axis 1 \(shape \(4, 2\)\): a row sums to 0\.6,",
+    ):
+        softmax_jacobian(p)
+    with pytest.raises(ValueError, match=r"along axis 0 \(shape \(2, 4\)\): a row sums to 0\.6,"):
+        softmax_jacobian(p.T, axis=0)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "relative_error"), [(np.float64, 1e-12), (np.float32, 1e-5), (np.float16, 0.2)]
+)
+def test_jacobian_rejects_rows_off_by_more_than_rounding(dtype, relative_error):
+    p = (softmax(np.random.default_rng(11).normal(size=5)) * (1 + relative_error)).astype(dtype)
+    with pytest.raises(ValueError, match=r"^p is not normalized along axis 0"):
+        softmax_jacobian(p)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("n", [2, 7, 100, 4096])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_jacobian_accepts_softmax_weights_of_every_float_dtype(dtype, n, axis):
+    # softmax rounds each weight and the row sum, so rows sum to 1 only within ~n eps
+    shape = (n, 8) if axis == 0 else (8, n)
+    scores = np.random.default_rng(n).normal(scale=5.0, size=shape).astype(dtype)
+    scores[(slice(None), 0) if axis == 0 else (0, slice(None))] = -np.inf  # a masked row
+    p = softmax(scores, axis=axis)
+    if n <= 100:
+        jacobian = softmax_jacobian(p, axis=axis)
+        assert jacobian.dtype == dtype
+    else:  # check the rows without forming 8 matrices of 4096 x 4096
+        from attention_lib.softmax import _check_rows_sum_to_one
+
+        _check_rows_sum_to_one(p, axis % p.ndim)
 
 
 def test_jacobian_rejects_a_bad_axis():
