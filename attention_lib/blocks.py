@@ -257,7 +257,9 @@ def embed_tokens(embedding: np.ndarray, tokens, start: int = 0) -> np.ndarray:
     The scaling is the paper's (section 3.4, which gives no reason for it). With the
     library's initialization (entries of size ``1/sqrt(d_model)``) it brings the token
     vectors' entries to size about 1, comparable to the positions' (RMS ``1/sqrt(2)``).
-    ``start`` is the position of the first token (the cache length when decoding).
+    ``start`` is the position of the first token (the cache length when decoding). An
+    empty batch (``tokens`` of shape ``(0, T)``) gives an empty ``(0, T, d_model)`` array,
+    as the library's layers do.
 
     Shapes
     ------
@@ -276,7 +278,7 @@ def embed_tokens(embedding: np.ndarray, tokens, start: int = 0) -> np.ndarray:
     if tokens.ndim < 1 or tokens.shape[-1] < 1:
         raise ValueError(f"tokens must have shape (..., T) with T >= 1; got {tokens.shape}")
     vocab_size, d_model = embedding.shape
-    if tokens.min() < 0 or tokens.max() >= vocab_size:
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
         raise ValueError(f"tokens must be ids in [0, {vocab_size}); got min {tokens.min()}, "
                          f"max {tokens.max()}")
     T = tokens.shape[-1]

@@ -121,6 +121,11 @@ def _check_eps(eps) -> float:
     return float(eps)
 
 
+def _at_least_float32(x: np.ndarray) -> np.ndarray:
+    """``x`` in float32 if it is float16 (whose squares overflow beyond ~256), else as is."""
+    return x.astype(np.result_type(x.dtype, np.float32), copy=False)
+
+
 def _check_features(x: np.ndarray, expected: int, owner: str) -> None:
     if x.shape[-1] != expected:
         raise ValueError(
@@ -152,7 +157,8 @@ class LayerNorm:
 
     Notes
     -----
-    Derived in chapter 08, *The transformer block*. Equal to ``torch.nn.LayerNorm``.
+    Derived in chapter 08, *The transformer block*. Equal to ``torch.nn.LayerNorm``. Float16
+    input is normalized in float32 and the result cast back.
 
     Examples
     --------
@@ -183,10 +189,12 @@ class LayerNorm:
     def __call__(self, x) -> np.ndarray:
         x = as_float_array(x, "x", min_ndim=1)
         _check_features(x, self.gamma.shape[0], "LayerNorm")
+        out_dtype = np.result_type(x.dtype, self.gamma.dtype, self.beta.dtype)
+        x = _at_least_float32(x)  # float16's (x - mean)**2 overflows beyond |x - mean| ~ 256
         mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
         variance = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # biased, (..., 1)
         normalized = (x - mean) / np.sqrt(variance + self.eps)
-        return normalized * self.gamma + self.beta
+        return (normalized * self.gamma + self.beta).astype(out_dtype, copy=False)
 
 
 @dataclass
@@ -209,7 +217,8 @@ class RMSNorm:
 
     Notes
     -----
-    Derived in chapter 08, *The transformer block*. Equal to ``torch.nn.RMSNorm``.
+    Derived in chapter 08, *The transformer block*. Equal to ``torch.nn.RMSNorm`` with the
+    same ``eps``. Float16 input is normalized in float32 and the result cast back.
 
     Examples
     --------
@@ -234,8 +243,10 @@ class RMSNorm:
     def __call__(self, x) -> np.ndarray:
         x = as_float_array(x, "x", min_ndim=1)
         _check_features(x, self.gamma.shape[0], "RMSNorm")
+        out_dtype = np.result_type(x.dtype, self.gamma.dtype)
+        x = _at_least_float32(x)  # float16's x * x overflows beyond |x| ~ 256
         mean_square = (x * x).mean(axis=-1, keepdims=True)  # (..., 1)
-        return x / np.sqrt(mean_square + self.eps) * self.gamma
+        return (x / np.sqrt(mean_square + self.eps) * self.gamma).astype(out_dtype, copy=False)
 
 
 @dataclass

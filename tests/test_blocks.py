@@ -271,6 +271,15 @@ def test_embed_tokens_keeps_a_float32_embedding_float32():
     assert embed_tokens(embedding, [[0, 4, 2]]).dtype == np.float32
 
 
+def test_embed_tokens_of_an_empty_batch_is_an_empty_array_like_the_layers():
+    # a (0, T) batch has no ids to check; it embeds to (0, T, d_model), as LayerNorm and
+    # attention return an empty batch for an empty batch.
+    embedding = np.random.default_rng(15).normal(size=(5, 4)).astype(np.float32)
+    result = embed_tokens(embedding, np.zeros((0, 3), dtype=np.int64), start=2)
+    assert result.shape == (0, 3, 4) and result.dtype == np.float32
+    assert LayerNorm.init(4)(result).shape == (0, 3, 4)
+
+
 @pytest.mark.parametrize(("bad", "shown"), [([0, -1, 2], "-1"), ([0, 5, 2], "5")],
                          ids=["negative", "too-large"])
 def test_embed_tokens_rejects_ids_outside_the_vocabulary_naming_tokens(bad, shown):

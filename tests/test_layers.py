@@ -193,6 +193,22 @@ def test_layer_norm_keeps_float32():
         x.astype(np.float64)), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_norms_of_float16_entries_beyond_256_are_float64_results_rounded(norm):
+    # float16 squares overflow beyond ~256 (65504 is its largest number): the statistics are
+    # computed in float32, and the result rounded once to float16.
+    rng = np.random.default_rng(16)
+    x = (rng.normal(size=(3, 8)) * 1000).astype(np.float16)
+    make = LayerNorm.init if norm == "layer" else RMSNorm.init
+    result = make(8, dtype=np.float16)(x)
+    expected = make(8)(x.astype(np.float64))
+    assert result.dtype == np.float16
+    eps16 = float(np.finfo(np.float16).eps)
+    assert (np.abs(result - expected) <= eps16 * np.maximum(1.0, np.abs(expected))).all()
+    np.testing.assert_allclose(make(4, dtype=np.float16)(np.float16([300, -300, 10, 5])),
+                               make(4)(np.array([300.0, -300.0, 10.0, 5.0])), atol=2e-3)
+
+
 def test_layer_norm_init_is_gamma_one_beta_zero():
     layer_norm = LayerNorm.init(3, eps=1e-6, dtype=np.float32)
     np.testing.assert_array_equal(layer_norm.gamma, np.ones(3))
