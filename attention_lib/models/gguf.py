@@ -17,10 +17,12 @@ PyTorch's ``(out, in)`` layout.
 Weights are often stored quantized in blocks of 32 numbers. This module dequantizes the
 block types SmolLM2's file uses (and the plain float ones):
 
-- ``Q8_0``: a float16 scale ``d`` and 32 int8 ``q``; value ``d * q``.
-- ``Q4_1``: float16 ``d`` and ``m``, then 16 bytes of 4-bit ``q`` (low nibbles are elements
-  0-15, high nibbles elements 16-31); value ``d * q + m``.
+- ``Q8_0``: a float16 scale ``s`` and 32 int8 codes ``c``; value ``s * c``.
+- ``Q4_1``: a float16 scale ``s`` and minimum ``z``, then 16 bytes of 4-bit codes ``c`` (low
+  nibbles are elements 0-15, high nibbles elements 16-31); value ``s * c + z``.
 - ``F32`` and ``F16``: stored as they are.
+
+ggml calls the scale and the minimum ``d`` and ``m`` (the code below keeps its names).
 """
 
 from __future__ import annotations
@@ -175,7 +177,7 @@ def dequantize(raw, ggml_type: str, shape) -> np.ndarray:
 
     Examples
     --------
-    >>> block = np.float16([0.5, 1.0]).tobytes() + bytes([0x21] * 16)  # q = 1 then 2
+    >>> block = np.float16([0.5, 1.0]).tobytes() + bytes([0x21] * 16)  # c = 1 then 2
     >>> dequantize(np.frombuffer(block, np.uint8), "Q4_1", (32,))[[0, 16]]
     array([1.5, 2. ], dtype=float32)
     """

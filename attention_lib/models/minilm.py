@@ -1,7 +1,11 @@
 """all-MiniLM-L6-v2, a real sentence encoder, run on the library's own blocks (chapter 15).
 
-all-MiniLM-L6-v2 is a small BERT made in three steps: Microsoft's MiniLM-L12-H384 was
-distilled from BERT (Wang et al. 2020); a 6-layer version of it keeps only every second layer
+all-MiniLM-L6-v2 has BERT's architecture and was made in three steps: MiniLM (Wang et al.
+2020) makes a model small by distillation, a smaller student learning to reproduce the
+self-attention distributions (and value relations) of a large teacher's last layer, and
+Microsoft's MiniLM-L12-H384 was distilled that way from a BERT-Base-sized UniLMv2 model (the
+MiniLM README of ``microsoft/unilm`` and the model card of
+``microsoft/MiniLM-L12-H384-uncased``); a 6-layer version of it keeps only every second layer
 (the model card of ``nreimers/MiniLM-L6-H384-uncased``); the sentence-transformers project
 fine-tuned that for sentence embeddings (Reimers and Gurevych 2019; the model card of
 ``sentence-transformers/all-MiniLM-L6-v2``). It is token + learned position + segment
