@@ -28,6 +28,7 @@ from .multihead import MultiHeadAttention, grouped_attention, merge_heads, split
 from .positional import alibi_bias, alibi_slopes, apply_rope, sinusoidal_encoding
 from .similarity import angle_degrees, cosine_similarity
 from .softmax import log_softmax, softmax, softmax_jacobian
+from .training.gpt import load_shakespeare_gpt
 
 __version__ = "0.1.0"
 
@@ -60,6 +61,7 @@ __all__ = [
     "causal_mask",
     "cosine_similarity",
     "init_linear_weight",
+    "load_shakespeare_gpt",
     "log_softmax",
     "merge_heads",
     "online_softmax",

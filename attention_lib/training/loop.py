@@ -13,11 +13,13 @@ from .optim import clip_grad_norm
 __all__ = ["train", "progress_bar"]
 
 
-def progress_bar(step: int, num_steps: int, loss: float, width: int = 20) -> str:
+def progress_bar(step: int, num_steps: int, loss: float, width: int = 20,
+                 extra: dict[str, float] | None = None, digits: int = 4) -> str:
     """One line of progress: ``[#####---------------]  250/1000  loss 1.2345``.
 
     Nothing in it depends on the clock, so a notebook that prints it reproduces its output
-    exactly.
+    exactly. ``extra`` appends more named numbers (``train 1.2345  val 1.3456``, the losses
+    of an evaluation); ``digits`` is the number of decimals of every number.
 
     Notes
     -----
@@ -29,14 +31,20 @@ def progress_bar(step: int, num_steps: int, loss: float, width: int = 20) -> str
     '[#####---------------]  250/1000  loss 1.2346'
     """
     done = width * step // num_steps
-    digits = len(str(num_steps))
-    return f"[{'#' * done}{'-' * (width - done)}] {step:{digits}d}/{num_steps}  loss {loss:.4f}"
+    step_width = len(str(num_steps))
+    line = (f"[{'#' * done}{'-' * (width - done)}] {step:{step_width}d}/{num_steps}  "
+            f"loss {loss:.{digits}f}")
+    for name, value in (extra or {}).items():
+        line += f"  {name} {value:.{digits}f}"
+    return line
 
 
 def train(step_fn: Callable, optimizer, batches: Iterator | Callable[[int], object],
           num_steps: int, *, clip_norm: float | None = None,
           lr_schedule: Callable[[int], float] | None = None, log_every: int | None = None,
-          print_fn: Callable[[str], None] = print) -> np.ndarray:
+          print_fn: Callable[[str], None] = print,
+          eval_fn: Callable[[int], dict[str, float]] | None = None,
+          digits: int = 4) -> np.ndarray:
     """Run ``num_steps`` steps of: get a batch, compute loss and gradients, update.
 
     Parameters
@@ -59,6 +67,12 @@ def train(step_fn: Callable, optimizer, batches: Iterator | Callable[[int], obje
         Print a :func:`progress_bar` line (with the mean loss since the last line) every
         this many steps and after the last one; None prints nothing.
     print_fn : callable, default print
+    eval_fn : callable, optional
+        ``eval_fn(steps_done) -> {"train": ..., "val": ...}``, called at every progress line
+        (so every ``log_every`` steps and after the last); its numbers are appended to the
+        line (e.g. the losses on both splits, chapter 14).
+    digits : int, default 4
+        Decimals of the numbers on the progress line.
 
     Returns
     -------
@@ -91,6 +105,8 @@ def train(step_fn: Callable, optimizer, batches: Iterator | Callable[[int], obje
         optimizer.step(grads)
         losses[step] = loss
         if log_every and ((step + 1) % log_every == 0 or step + 1 == num_steps):
-            print_fn(progress_bar(step + 1, num_steps, losses[last_logged:step + 1].mean()))
+            extra = None if eval_fn is None else eval_fn(step + 1)
+            print_fn(progress_bar(step + 1, num_steps, losses[last_logged:step + 1].mean(),
+                                  extra=extra, digits=digits))
             last_logged = step + 1
     return losses

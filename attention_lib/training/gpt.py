@@ -1,0 +1,664 @@
+"""A character-level GPT, its hand-written backward pass, and Tiny Shakespeare (chapter 14).
+
+The model is nanoGPT's decoder-only, pre-LN transformer made of the library's parts:
+token embeddings plus learned position vectors, a stack of ``EncoderBlock`` s used with a
+causal mask (GPT-2's block: ``x = x + attn(norm1(x))``, ``x = x + ff(norm2(x))``, GELU),
+a final ``LayerNorm`` and a linear read-out to one logit per character. Dropout goes on the
+embeddings and on each sub-layer's output before it joins the residual stream.
+
+Two forward passes agree: :meth:`GPT.forward` runs the library's layers as they are (for
+sampling and evaluation); :func:`gpt_forward` runs the functional passes of
+:mod:`attention_lib.training.functional` and keeps the caches :func:`gpt_backward` needs.
+
+Checkpoint format (:func:`save_gpt`, :func:`load_gpt`): one ``.npz`` file holding every
+parameter under its dotted name (``"blocks.0.self_attn.W_q"``, as :func:`named_parameters`
+names them), plus ``"config"`` (a JSON string: ``vocab_size``, ``context_len``, ``d_model``,
+``num_heads``, ``d_ff``, ``num_layers``, ``dropout``) and ``"vocabulary"`` (the characters,
+in id order). Its sha256 is pinned in :data:`SHAKESPEARE_GPT_SHA256` and checked at load.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .._checks import check_positive_int
+from ..blocks import EncoderBlock
+from ..cache import KVCache
+from ..layers import LayerNorm
+from ..masks import causal_mask
+from .functional import (
+    cross_entropy_backward,
+    cross_entropy_forward,
+    dropout_backward,
+    dropout_forward,
+    embedding_backward,
+    embedding_forward,
+    encoder_block_backward,
+    encoder_block_forward,
+    layer_norm_backward,
+    layer_norm_forward,
+    linear_backward,
+    linear_forward,
+)
+from .models import named_parameters
+
+__all__ = [
+    "CharCodec",
+    "GPT",
+    "SHAKESPEARE_SHA256",
+    "SHAKESPEARE_GPT_SHA256",
+    "evaluate_loss",
+    "gpt_backward",
+    "gpt_forward",
+    "gpt_loss_and_grads",
+    "induction_probe",
+    "load_gpt",
+    "load_shakespeare_gpt",
+    "load_shakespeare_text",
+    "random_windows",
+    "repeated_random_sequences",
+    "save_gpt",
+    "train_val_split",
+]
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+"""Where the package keeps the corpus, the trained checkpoint and its training log."""
+
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+"""sha256 of ``tinyshakespeare.txt`` (Karpathy's char-rnn ``data/tinyshakespeare/input.txt``)."""
+
+SHAKESPEARE_GPT_SHA256 = "b6f1abb6e9ed020e4bec78420c7485ebb188b78070bb9e836ddb1e9aa477a2b6"
+"""sha256 of the committed checkpoint ``shakespeare_gpt.npz``."""
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _verified(path, expected: str, what: str) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found at {path}")
+    actual = _sha256(path)
+    if actual != expected:
+        raise ValueError(f"{what} at {path} has sha256 {actual}, expected {expected}: the file "
+                         "is damaged or not the one this library was written for")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: the corpus, its characters, the split, the mini-batches
+# ---------------------------------------------------------------------------------------------
+
+def load_shakespeare_text(path=None) -> str:
+    """The Tiny Shakespeare corpus as one string, after checking its sha256.
+
+    Parameters
+    ----------
+    path : str or Path, optional
+        Defaults to the copy inside the package (``attention_lib/data/tinyshakespeare.txt``).
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        If the file is missing or its sha256 is not :data:`SHAKESPEARE_SHA256`.
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    path = _verified(DATA_DIR / "tinyshakespeare.txt" if path is None else path,
+                     SHAKESPEARE_SHA256, "tinyshakespeare.txt")
+    return path.read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class CharCodec:
+    """Characters to integer ids and back: id ``i`` is ``chars[i]``.
+
+    Attributes
+    ----------
+    chars : str
+        The vocabulary, each character once, in id order.
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*. There is no ``<unk>`` token: text
+    with a character outside the vocabulary raises a ``ValueError`` that names it.
+
+    Examples
+    --------
+    >>> codec = CharCodec.from_text("hello")
+    >>> codec.chars, codec.encode("hole"), codec.decode([3, 1])
+    ('ehlo', array([1, 3, 2, 0]), 'oh')
+    """
+
+    chars: str
+
+    def __post_init__(self):
+        if not isinstance(self.chars, str) or len(set(self.chars)) != len(self.chars):
+            raise ValueError(f"chars must be a string of distinct characters; got {self.chars!r}")
+
+    @classmethod
+    def from_text(cls, text: str) -> CharCodec:
+        """The codec of every distinct character of ``text``, sorted by code point."""
+        return cls("".join(sorted(set(text))))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> np.ndarray:
+        """``(len(text),)`` int64 ids. Raises ``ValueError`` naming the first unknown character."""
+        lookup = {char: index for index, char in enumerate(self.chars)}
+        try:
+            return np.array([lookup[char] for char in text], dtype=np.int64)
+        except KeyError as error:
+            char = error.args[0]
+            raise ValueError(f"character {char!r} (U+{ord(char):04X}) at position "
+                             f"{text.index(char)} is not in the vocabulary of "
+                             f"{self.vocab_size} characters") from None
+
+    def decode(self, ids) -> str:
+        """The text of a 1-d sequence of ids."""
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"ids must be a 1-d integer array; got shape {ids.shape}, dtype "
+                             f"{ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise ValueError(f"ids must lie in [0, {self.vocab_size}); got min {ids.min()}, "
+                             f"max {ids.max()}")
+        return "".join(self.chars[i] for i in ids)
+
+
+def train_val_split(ids, train_fraction: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``int(n * train_fraction)`` ids train, the rest validate (nanoGPT's cut).
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+
+    Examples
+    --------
+    >>> train, val = train_val_split(np.arange(10))
+    >>> train.size, val.tolist()
+    (9, [9])
+    """
+    ids = np.asarray(ids)
+    if not 0 < train_fraction < 1:
+        raise ValueError(f"train_fraction must lie in (0, 1); got {train_fraction!r}")
+    cut = int(len(ids) * train_fraction)
+    return ids[:cut], ids[cut:]
+
+
+def random_windows(data, batch_size: int, context_len: int,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``batch_size`` windows at random starts: inputs and the same windows shifted by one.
+
+    ``targets[b, t] = data[start_b + t + 1]``: at every position the model predicts the next
+    character, so one window of ``context_len`` characters gives ``context_len`` examples.
+
+    Shapes
+    ------
+    data : (N,) int -> inputs (batch_size, context_len), targets (batch_size, context_len)
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    data = np.asarray(data)
+    batch_size = check_positive_int(batch_size, "batch_size")
+    context_len = check_positive_int(context_len, "context_len")
+    if data.ndim != 1 or data.size <= context_len:
+        raise ValueError(f"data must be 1-d and longer than context_len={context_len}; got "
+                         f"shape {data.shape}")
+    starts = rng.integers(0, data.size - context_len, size=batch_size)
+    offsets = starts[:, None] + np.arange(context_len)  # (B, T)
+    return data[offsets], data[offsets + 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class GPT:
+    """A decoder-only, pre-LN transformer language model (GPT-2's layout, nanoGPT's sizes).
+
+    ``x = dropout(embedding[ids] + positions[:T])``, then each block with a causal mask,
+    then ``logits = norm(x) @ W_out``.
+
+    Attributes
+    ----------
+    embedding : numpy.ndarray
+        ``(V, d_model)`` token vectors.
+    positions : numpy.ndarray
+        ``(context_len, d_model)`` learned position vectors; ``context_len`` is the longest
+        input the model accepts.
+    blocks : list of EncoderBlock
+        Pre-LN blocks (``norm_first=True``) with GELU feed-forward networks.
+    norm : LayerNorm
+        The final norm.
+    W_out : numpy.ndarray
+        ``(d_model, V)``: the read-out to one logit per token (no bias).
+    dropout : float, default 0.0
+        Dropout probability during training (:func:`gpt_forward` with an ``rng``).
+
+    Shapes
+    ------
+    ids : (B, T) int with T <= context_len -> logits (B, T, V)
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+
+    Examples
+    --------
+    >>> model = GPT.init(65, 16, 32, 4, 2, np.random.default_rng(0))
+    >>> model.forward(np.zeros((2, 5), dtype=int)).shape
+    (2, 5, 65)
+    """
+
+    embedding: np.ndarray
+    positions: np.ndarray
+    blocks: list[EncoderBlock]
+    norm: LayerNorm
+    W_out: np.ndarray
+    dropout: float = 0.0
+
+    @classmethod
+    def init(cls, vocab_size: int, context_len: int, d_model: int, num_heads: int,
+             num_layers: int, rng: np.random.Generator, *, d_ff: int | None = None,
+             dropout: float = 0.0, dtype=np.float32) -> GPT:
+        """Random weights as GPT-2 and nanoGPT draw them.
+
+        Every weight matrix and embedding has normal entries of standard deviation 0.02;
+        the two matrices that write into the residual stream in each block (``W_o`` and
+        ``ff.W2``) get ``0.02 / sqrt(2 num_layers)``, so the stream's variance does not grow
+        with depth; biases start at 0 and norms at the identity. ``d_ff`` defaults to
+        ``4 d_model``.
+        """
+        vocab_size = check_positive_int(vocab_size, "vocab_size")
+        context_len = check_positive_int(context_len, "context_len")
+        num_layers = check_positive_int(num_layers, "num_layers")
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must lie in [0, 1); got {dropout!r}")
+        std, residual_std = 0.02, 0.02 / math.sqrt(2 * num_layers)
+
+        def normal(*shape, scale=std):
+            return (rng.standard_normal(shape) * scale).astype(dtype)
+
+        blocks = []
+        for _ in range(num_layers):
+            block = EncoderBlock.init(d_model, num_heads, d_ff, rng, activation="gelu",
+                                      norm_first=True, dtype=dtype)
+            attn, ff = block.self_attn, block.ff
+            attn.W_q, attn.W_k, attn.W_v = (normal(d_model, d_model) for _ in range(3))
+            attn.W_o = normal(d_model, d_model, scale=residual_std)
+            ff.W1, ff.W2 = normal(d_model, d_ff), normal(d_ff, d_model, scale=residual_std)
+            blocks.append(block)
+        return cls(embedding=normal(vocab_size, d_model), positions=normal(context_len, d_model),
+                   blocks=blocks, norm=LayerNorm.init(d_model, dtype=dtype),
+                   W_out=normal(d_model, vocab_size), dropout=float(dropout))
+
+    @property
+    def context_len(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embedding.shape[0]
+
+    def config(self) -> dict:
+        """The sizes that, with the parameters, define the model (stored in checkpoints)."""
+        attn = self.blocks[0].self_attn
+        return {"vocab_size": self.vocab_size, "context_len": self.context_len,
+                "d_model": self.embedding.shape[1], "num_heads": attn.num_heads,
+                "d_ff": self.blocks[0].ff.W1.shape[1], "num_layers": len(self.blocks),
+                "dropout": self.dropout}
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The trainable arrays by dotted name (see :func:`named_parameters`)."""
+        return named_parameters(self)
+
+    def astype(self, dtype) -> GPT:
+        """A copy of the model with every parameter cast to ``dtype`` (e.g. float64, to
+        evaluate a float32 model with results that do not depend on the BLAS)."""
+        model = copy.deepcopy(self)
+        for name, param in model.parameters().items():
+            *path, field = name.split(".")
+            owner = model
+            for part in path:
+                owner = owner[int(part)] if part.isdigit() else getattr(owner, part)
+            setattr(owner, field, param.astype(dtype))
+        return model
+
+    def no_decay_names(self) -> list[str]:
+        """Parameters exempt from weight decay: norms, biases (every 1-d array), embeddings."""
+        return [name for name, param in self.parameters().items()
+                if param.ndim == 1 or name in ("embedding", "positions")]
+
+    def check_ids(self, ids) -> np.ndarray:
+        """``ids`` as a (B, T) integer array with ``1 <= T <= context_len`` and valid ids."""
+        ids = np.asarray(ids)
+        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"ids must be a (B, T) integer array; got shape {ids.shape}, "
+                             f"dtype {ids.dtype}")
+        if not 1 <= ids.shape[1] <= self.context_len:
+            raise ValueError(f"ids have T={ids.shape[1]} positions; the model takes 1 to "
+                             f"context_len={self.context_len} (crop longer inputs first)")
+        if ids.min() < 0 or ids.max() >= self.vocab_size:
+            raise ValueError(f"ids must lie in [0, {self.vocab_size}); got min {ids.min()}, "
+                             f"max {ids.max()}")
+        return ids
+
+    def new_cache(self, batch_size: int = 1) -> KVCache:
+        """An empty key/value cache (chapter 10) for ``context_len`` positions of every layer."""
+        attn = self.blocks[0].self_attn
+        return KVCache.init(len(self.blocks), attn.num_heads, self.context_len,
+                            attn.d_model // attn.num_heads, (batch_size,),
+                            dtype=self.embedding.dtype)
+
+    def forward(self, ids, return_weights: bool = False, cache: KVCache | None = None):
+        """Logits for every position, with the library's own layers (no dropout).
+
+        With ``return_weights=True`` also returns each block's attention weights
+        ``(B, H, T, T)``, as a list. With a ``cache`` from :meth:`new_cache`, ``ids`` are
+        the positions after the ones already cached (chapter 10's decoding loop); the cache
+        holds at most ``context_len`` positions.
+        """
+        ids = self.check_ids(ids)
+        T = ids.shape[1]
+        start = 0 if cache is None else cache.length
+        if start + T > self.context_len:
+            raise ValueError(f"the cache holds {start} positions and ids add {T}: more than "
+                             f"context_len={self.context_len}")
+        x = self.embedding[ids] + self.positions[start:start + T]  # (B, T, d_model)
+        mask = causal_mask(T, start + T)  # the new positions see every earlier one
+        weights = []
+        for index, block in enumerate(self.blocks):
+            normed = block.norm1(x)
+            attended, block_weights = block.self_attn(
+                normed, mask=mask, cache=None if cache is None else cache.layer(index))
+            weights.append(block_weights)
+            x = x + attended
+            x = x + block.ff(block.norm2(x))
+        logits = self.norm(x) @ self.W_out  # (B, T, V)
+        return (logits, weights) if return_weights else logits
+
+    __call__ = forward
+
+
+def gpt_forward(model: GPT, ids, *, rng: np.random.Generator | None = None):
+    """The training forward pass, which keeps its caches: ``(logits, weights, cache)``.
+
+    With an ``rng`` and ``model.dropout > 0``, dropout is applied (training); without, the
+    result equals ``model.forward(ids)``.
+
+    Shapes
+    ------
+    ids : (B, T) int -> logits (B, T, V), weights : list of (B, H, T, T)
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    ids = model.check_ids(ids)
+    T = ids.shape[1]
+    x, embedding_cache = embedding_forward(model.embedding, ids)  # (B, T, d_model)
+    x, drop_cache = dropout_forward(x + model.positions[:T], model.dropout, rng)
+    mask = causal_mask(T)
+    weights, block_caches = [], []
+    for block in model.blocks:
+        x, block_weights, block_cache = encoder_block_forward(block, x, mask,
+                                                              dropout=model.dropout, rng=rng)
+        weights.append(block_weights)
+        block_caches.append(block_cache)
+    x, norm_cache = layer_norm_forward(model.norm, x)
+    logits, out_cache = linear_forward(x, model.W_out)  # (B, T, V)
+    cache = (embedding_cache, drop_cache, model.positions.shape, T, block_caches, norm_cache,
+             out_cache)
+    return logits, weights, cache
+
+
+def gpt_backward(d_logits, cache) -> dict[str, np.ndarray]:
+    """Every parameter's gradient from the gradient of the logits, keyed as
+    ``model.parameters()``.
+
+    Shapes
+    ------
+    d_logits : (B, T, V) -> gradients of the parameters' shapes
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    (embedding_cache, drop_cache, positions_shape, T, block_caches, norm_cache,
+     out_cache) = cache
+    grads = {}
+    dx, grads["W_out"], _ = linear_backward(d_logits, out_cache)
+    dx, norm_grads = layer_norm_backward(dx, norm_cache)
+    grads |= {f"norm.{name}": grad for name, grad in norm_grads.items()}
+    for index in reversed(range(len(block_caches))):
+        dx, block_grads = encoder_block_backward(dx, block_caches[index])
+        grads |= {f"blocks.{index}.{name}": grad for name, grad in block_grads.items()}
+    dx = dropout_backward(dx, drop_cache)
+    d_positions = np.zeros(positions_shape, dtype=dx.dtype)
+    d_positions[:T] = dx.sum(axis=0)  # every sequence of the batch used the same rows
+    grads["positions"] = d_positions
+    grads["embedding"] = embedding_backward(dx, embedding_cache)
+    return grads
+
+
+def gpt_loss_and_grads(model: GPT, ids, targets, *, rng: np.random.Generator | None = None):
+    """Mean cross-entropy of the next-token predictions, and every parameter's gradient.
+
+    Returns
+    -------
+    loss : float
+        In nats per token.
+    grads : dict of numpy.ndarray
+        Keyed as ``model.parameters()``.
+
+    Shapes
+    ------
+    ids : (B, T) int, targets : (B, T) int
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    logits, _, cache = gpt_forward(model, ids, rng=rng)
+    loss, loss_cache = cross_entropy_forward(logits, targets)
+    return loss, gpt_backward(cross_entropy_backward(1.0, loss_cache), cache)
+
+
+def evaluate_loss(model: GPT, data, *, context_len: int | None = None,
+                  batch_size: int = 64, per_position: bool = False):
+    """Mean next-character loss over ``data`` cut into consecutive windows, no dropout.
+
+    The windows ``data[i T : (i + 1) T + 1]`` cover every character once (a last partial
+    window is dropped); in each, the character at position ``t`` is predicted from the
+    ``t + 1`` characters before it in its window, as in training.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        The mean loss in nats per character; with ``per_position=True``, the mean loss at
+        each position of the window, ``(T,)``.
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    data = np.asarray(data)
+    T = model.context_len if context_len is None else check_positive_int(context_len,
+                                                                         "context_len")
+    num_windows = (data.size - 1) // T
+    if num_windows < 1:
+        raise ValueError(f"data of {data.size} ids is too short for one window of {T}")
+    inputs = data[:num_windows * T].reshape(num_windows, T)
+    targets = data[1:num_windows * T + 1].reshape(num_windows, T)
+    total = np.zeros(T)
+    for start in range(0, num_windows, batch_size):
+        logits = model.forward(inputs[start:start + batch_size])  # (b, T, V)
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        log_norm = np.log(np.exp(shifted).sum(axis=-1))  # (b, T)
+        picked = np.take_along_axis(shifted, targets[start:start + batch_size, :, None],
+                                    axis=-1)[..., 0]
+        total += (log_norm - picked).astype(np.float64).sum(axis=0)
+    per_position_loss = total / num_windows
+    return per_position_loss if per_position else float(per_position_loss.mean())
+
+
+def repeated_random_sequences(rng: np.random.Generator, num_sequences: int, half_len: int,
+                              vocab_size: int) -> np.ndarray:
+    """Random sequences of ``half_len`` distinct ids, each followed by a copy of itself.
+
+    The ids of one sequence are drawn without replacement, so every token of the second copy
+    has exactly one earlier occurrence, at ``t - half_len``, and the token that followed it
+    there, at ``t - half_len + 1``, is the right next prediction.
+
+    Shapes
+    ------
+    -> (num_sequences, 2 half_len)
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    num_sequences = check_positive_int(num_sequences, "num_sequences")
+    half_len = check_positive_int(half_len, "half_len")
+    if half_len > vocab_size:
+        raise ValueError(f"half_len={half_len} distinct ids need vocab_size >= half_len; got "
+                         f"vocab_size={vocab_size}")
+    orders = rng.permuted(np.tile(np.arange(vocab_size), (num_sequences, 1)), axis=1)
+    first = orders[:, :half_len]  # (n, half_len), distinct within each row
+    return np.concatenate([first, first], axis=1)
+
+
+def induction_probe(model: GPT, rng: np.random.Generator, num_sequences: int = 16) -> dict:
+    """How well ``model`` copies a repeated random sequence, and which heads do it.
+
+    On :func:`repeated_random_sequences` of ``half_len = context_len // 2`` (at most the
+    vocabulary size): the mean loss of the predictions inside the first copy (nothing to
+    copy from) and inside the second (each next token appeared once before); and, for every
+    head, the mean attention weight from a token of the second copy to the token *after*
+    its previous occurrence (the *induction score*; Olsson et al. 2022) and from every token
+    to the one just before it (the *previous-token score*).
+
+    Returns
+    -------
+    dict
+        ``loss_first``, ``loss_second`` (nats per token), ``induction_scores`` and
+        ``previous_token_scores`` (lists of ``num_layers`` lists of ``num_heads`` floats).
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    half = min(model.context_len // 2, model.vocab_size)
+    ids = repeated_random_sequences(rng, num_sequences, half, model.vocab_size)  # (n, 2h)
+    logits, weights = model.forward(ids, return_weights=True)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    losses = -np.take_along_axis(log_probs[:, :-1], ids[:, 1:, None], axis=-1)[..., 0]
+    queries = np.arange(half, 2 * half)  # the second copy
+    induction = [w[:, :, queries, queries - half + 1].mean(axis=(0, 2)) for w in weights]
+    steps = np.arange(1, 2 * half)
+    previous = [w[:, :, steps, steps - 1].mean(axis=(0, 2)) for w in weights]
+    return {"loss_first": float(losses[:, :half - 1].mean(dtype=np.float64)),
+            "loss_second": float(losses[:, half:].mean(dtype=np.float64)),
+            "induction_scores": np.array(induction, dtype=np.float64).tolist(),
+            "previous_token_scores": np.array(previous, dtype=np.float64).tolist()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------
+
+def save_gpt(model: GPT, codec: CharCodec, path) -> str:
+    """Write ``model`` and ``codec`` to ``path`` (an ``.npz``; see the module's docstring).
+
+    Returns the file's sha256. The file's bytes depend only on the arrays and the config
+    (no time stamps), so the same model always gives the same hash.
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    if codec.vocab_size != model.vocab_size:
+        raise ValueError(f"codec has {codec.vocab_size} characters but the model "
+                         f"{model.vocab_size}")
+    arrays = dict(model.parameters())
+    arrays["config"] = np.array(json.dumps(model.config(), sort_keys=True))
+    arrays["vocabulary"] = np.array(codec.chars)
+    path = Path(path)
+    with open(path, "wb") as file:
+        np.savez(file, **arrays)
+    return _sha256(path)
+
+
+def load_gpt(path, sha256: str | None = None) -> tuple[GPT, CharCodec]:
+    """Read a checkpoint written by :func:`save_gpt`, checking its sha256 if given.
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    path = Path(path) if sha256 is None else _verified(path, sha256, "the GPT checkpoint")
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    config = json.loads(str(arrays.pop("config")))
+    codec = CharCodec(str(arrays.pop("vocabulary")))
+    model = GPT.init(config["vocab_size"], config["context_len"], config["d_model"],
+                     config["num_heads"], config["num_layers"], np.random.default_rng(0),
+                     d_ff=config["d_ff"], dropout=config["dropout"],
+                     dtype=arrays["embedding"].dtype)
+    params = model.parameters()
+    if params.keys() != arrays.keys():
+        raise ValueError(f"{path} does not hold this model's parameters: missing "
+                         f"{sorted(params.keys() - arrays.keys())}, unexpected "
+                         f"{sorted(arrays.keys() - params.keys())}")
+    for name, param in params.items():
+        if arrays[name].shape != param.shape:
+            raise ValueError(f"{name} has shape {arrays[name].shape} in {path}, expected "
+                             f"{param.shape}")
+        param[...] = arrays[name]
+    return model, codec
+
+
+def load_shakespeare_gpt(path=None) -> tuple[GPT, CharCodec]:
+    """The GPT trained on Tiny Shakespeare by ``scripts/train_shakespeare_gpt.py``, and its
+    character codec.
+
+    Parameters
+    ----------
+    path : str or Path, optional
+        A checkpoint; defaults to the one inside the package
+        (``attention_lib/data/shakespeare_gpt.npz``), whose sha256 is checked against
+        :data:`SHAKESPEARE_GPT_SHA256`. Another path is read without a hash check.
+
+    Returns
+    -------
+    model : GPT
+        ``model.forward(ids)`` maps ids ``(B, T)``, ``T <= model.context_len``, to logits
+        ``(B, T, 65)``.
+    codec : CharCodec
+        ``codec.encode(text)``, ``codec.decode(ids)``.
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    if path is None:
+        return load_gpt(DATA_DIR / "shakespeare_gpt.npz", SHAKESPEARE_GPT_SHA256)
+    return load_gpt(path)
