@@ -1,4 +1,4 @@
-"""Fix the theme's accessibility faults that axe-core reports as serious, in the written pages.
+"""Fix the accessibility faults axe-core reports as serious or critical, in the written pages.
 
 The book's theme names three kinds of controls with an ``aria-label`` that does not contain
 their visible text (axe rule ``label-content-name-mismatch``, WCAG 2.5.3 "Label in Name"): a
@@ -11,6 +11,11 @@ speech-input user who says what they see ("click Show code cell source") would n
   "Color mode" (and its tooltip).
 - A collapsed cell's toggle shows "Show code cell source" but is named "Toggle hidden
   content": drop the label, so its name is what it shows.
+
+And one that axe-core reports as critical (``aria-required-children``): Sphinx writes the
+bibliography as ``role="list"`` holding entries with ``role="doc-biblioentry"``, a role that
+DPUB-ARIA 1.1 deprecated and that no longer counts as a list item. The entries become
+``role="listitem"``, so assistive technology announces a list of references.
 
 The pages are rewritten after the build (``build-finished``), because the markup comes from
 the theme's and myst-nb's templates, not from the book's sources. tests/test_site.py runs
@@ -30,6 +35,8 @@ FIXES = [
     (re.compile(r'<i class="(theme-switch fa-solid [^"]*)" data-mode="(\w+)"\s+title="[^"]*"></i>'),
      r'<i class="\1" data-mode="\2" aria-hidden="true"></i>'),
     (re.compile(r'<summary aria-label="Toggle hidden content">'), "<summary>"),
+    (re.compile(r'(<div class="citation" id="[^"]*") role="doc-biblioentry">'),
+     r'\1 role="listitem">'),
 ]
 
 
