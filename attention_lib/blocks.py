@@ -31,12 +31,14 @@ def count_parameters(*layers) -> int:
     Walks the fields of each dataclass (attention layers, norms, feed-forward networks,
     blocks, stacks, whole models), into nested dataclasses and lists of them, and adds up
     the sizes of the NumPy arrays it finds. An array held in two places counts once, like
-    PyTorch's ``parameters()``: the same array object twice, or a transposed view of it
-    (tied embeddings, ``W_out = embedding.T`` as in GPT-2 and SmolLM2).
+    PyTorch's ``parameters()``, only when the second is the same array object or a view of
+    all its entries with the axes reordered, such as its transpose (tied embeddings,
+    ``W_out = embedding.T`` as in GPT-2 and SmolLM2). Any other view counts again, even
+    though it shares memory: ``W`` and ``W[:5]`` count ``W.size + W[:5].size``.
 
     Parameters
     ----------
-    *layers : dataclass instances (or lists of them)
+    *layers : dataclass instances, NumPy arrays, or lists of them
 
     Returns
     -------
@@ -53,6 +55,11 @@ def count_parameters(*layers) -> int:
     >>> norm = LayerNorm.init(8)
     >>> count_parameters(norm, norm)  # the same arrays, counted once
     16
+    >>> W = np.zeros((10, 4))
+    >>> count_parameters(W, W.T)  # a transposed view: counted once
+    40
+    >>> count_parameters(W, W[:5])  # a slice is counted again
+    60
     """
     seen = set()
 
