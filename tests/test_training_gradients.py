@@ -459,3 +459,22 @@ def test_named_parameters_are_the_model_arrays_themselves():
     assert "blocks.0.norm1.eps" not in params
     copy = dataclasses.replace(model)
     assert copy.parameters().keys() == params.keys()
+
+
+def test_dropout_scales_integer_input_by_one_over_keep_probability():
+    # An integer array used to keep its dtype, truncating the 1/(1-p) scale to 1.
+    from attention_lib.training.functional import dropout_forward
+
+    y, _ = dropout_forward(np.ones(1000, dtype=int), 0.1, np.random.default_rng(0))
+    kept = y[y != 0]
+    assert y.dtype == np.float64
+    np.testing.assert_allclose(kept, 1 / 0.9)
+
+
+def test_dropout_accepts_a_list_and_names_bad_input():
+    from attention_lib.training.functional import dropout_forward
+
+    y, _ = dropout_forward([1.0, 2.0], 0.0, None)
+    np.testing.assert_array_equal(y, [1.0, 2.0])
+    with pytest.raises((TypeError, ValueError), match="x"):
+        dropout_forward(["a", "b"], 0.5, np.random.default_rng(0))

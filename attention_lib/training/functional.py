@@ -290,8 +290,9 @@ def dropout_forward(x, p: float, rng: np.random.Generator | None):
 
     Notes
     -----
-    Derived in chapter 14, *Train a GPT on Shakespeare*; the idea is in chapter 08. As
+    Derived in chapter 08, *The transformer block*; its use in training in chapter 14. As
     ``torch.nn.functional.dropout`` (another random stream, so other entries are dropped).
+    Integer input becomes float64, so the kept entries really are scaled by ``1/(1-p)``.
 
     Examples
     --------
@@ -299,6 +300,7 @@ def dropout_forward(x, p: float, rng: np.random.Generator | None):
     >>> y  # kept entries doubled, so the mean stays 1 on average
     array([2., 2., 2., 0.])
     """
+    x = as_float_array(x, "x")
     p = float(p)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability p must lie in [0, 1); got {p!r}")
