@@ -1,6 +1,7 @@
 """A character-level GPT, its hand-written backward pass, and Tiny Shakespeare (chapter 14).
 
-The model is nanoGPT's decoder-only, pre-LN transformer made of the library's parts:
+The model is GPT-2's decoder-only, pre-LN transformer (as nanoGPT writes it, but with a read-out
+not tied to the token embedding) made of the library's parts:
 token embeddings plus learned position vectors, a stack of ``EncoderBlock`` s used with a
 causal mask (GPT-2's block: ``x = x + attn(norm1(x))``, ``x = x + ff(norm2(x))``, GELU),
 a final ``LayerNorm`` and a linear read-out to one logit per character. Dropout goes on the
@@ -230,7 +231,7 @@ def random_windows(data, batch_size: int, context_len: int,
 
 @dataclass
 class GPT:
-    """A decoder-only, pre-LN transformer language model (GPT-2's layout, nanoGPT's sizes).
+    """A decoder-only, pre-LN transformer language model (GPT-2's layout, untied read-out).
 
     ``x = dropout(embedding[ids] + positions[:T])``, then each block with a causal mask,
     then ``logits = norm(x) @ W_out``.
@@ -247,7 +248,8 @@ class GPT:
     norm : LayerNorm
         The final norm.
     W_out : numpy.ndarray
-        ``(d_model, V)``: the read-out to one logit per token (no bias).
+        ``(d_model, V)``: the read-out to one logit per token (no bias). Its own matrix:
+        GPT-2 and nanoGPT instead reuse ``embedding.T`` (weight tying).
     dropout : float, default 0.0
         Dropout probability during training (:func:`gpt_forward` with an ``rng``).
 
@@ -277,13 +279,15 @@ class GPT:
     def init(cls, vocab_size: int, context_len: int, d_model: int, num_heads: int,
              num_layers: int, rng: np.random.Generator, *, d_ff: int | None = None,
              dropout: float = 0.0, dtype=np.float32) -> GPT:
-        """Random weights as GPT-2 and nanoGPT draw them.
+        """Random weights as nanoGPT's ``model.py`` draws them.
 
         Every weight matrix and embedding has normal entries of standard deviation 0.02;
         the two matrices that write into the residual stream in each block (``W_o`` and
         ``ff.W2``) get ``0.02 / sqrt(2 num_layers)``, so the stream's variance does not grow
-        with depth; biases start at 0 and norms at the identity. ``d_ff`` defaults to
-        ``4 d_model``.
+        with depth. That formula is nanoGPT's; the idea, scaling the weights of residual
+        layers by ``1 / sqrt(N)`` for ``N`` residual layers, is the GPT-2 paper's (OpenAI's
+        released GPT-2 code has no such scaling). Biases start at 0 and norms at the
+        identity. ``d_ff`` defaults to ``4 d_model``.
         """
         vocab_size = check_positive_int(vocab_size, "vocab_size")
         context_len = check_positive_int(context_len, "context_len")
@@ -342,7 +346,8 @@ class GPT:
         return model
 
     def no_decay_names(self) -> list[str]:
-        """Parameters exempt from weight decay: norms, biases (every 1-d array), embeddings."""
+        """Parameters exempt from weight decay: norms and biases (every 1-d array, as in
+        nanoGPT) and, as in minGPT, the token and position tables."""
         return [name for name, param in self.parameters().items()
                 if param.ndim == 1 or name in ("embedding", "positions")]
 
