@@ -12,7 +12,7 @@ sampling and evaluation); :func:`gpt_forward` runs the functional passes of
 :mod:`attention_lib.training.functional` and keeps the caches :func:`gpt_backward` needs.
 
 Checkpoint format (:func:`save_gpt`, :func:`load_gpt`): one ``.npz`` file holding every
-parameter under its dotted name (``"blocks.0.self_attn.W_q"``, as :func:`named_parameters`
+parameter under its dotted name (``"blocks.0.self_attn.W_q"``, as ``training.named_parameters``
 names them), plus ``"config"`` (a JSON string: ``vocab_size``, ``context_len``, ``d_model``,
 ``num_heads``, ``d_ff``, ``num_layers``, ``dropout``) and ``"vocabulary"`` (the characters,
 in id order). Its sha256 is pinned in :data:`SHAKESPEARE_GPT_SHA256` and checked at load.
@@ -330,7 +330,7 @@ class GPT:
                 "dropout": self.dropout}
 
     def parameters(self) -> dict[str, np.ndarray]:
-        """The trainable arrays by dotted name (see :func:`named_parameters`)."""
+        """The trainable arrays by dotted name (see ``training.named_parameters``)."""
         return named_parameters(self)
 
     def astype(self, dtype) -> GPT:
