@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from attention_lib import causal_mask, padding_mask, sliding_window_mask
+
 
 def randomize(obj, rng: np.random.Generator):
     """Give every array inside a (nested) library dataclass random values, in place.
@@ -64,3 +66,16 @@ def rounding_tolerance(values, *, terms: int, layers: int = 1, safety: float = 1
     eps = np.finfo(values.dtype).eps
     scale = max(float(np.abs(values).max()), 1.0)
     return safety * layers * math.sqrt(terms) * eps * scale
+
+
+def allowed_pairs(Tq, Tk, *, causal=False, window=None, key_lengths=None, mask=None):
+    """The dense boolean mask that the structured options of tiled attention describe."""
+    allowed = np.ones((Tq, Tk), dtype=bool)
+    if causal:
+        allowed = causal_mask(Tq, Tk) if window is None else sliding_window_mask(
+            Tq, Tk, window=window)
+    if key_lengths is not None:
+        allowed = allowed & padding_mask(key_lengths, Tk)  # (..., 1, Tk)
+    if mask is not None:
+        allowed = allowed & mask
+    return allowed

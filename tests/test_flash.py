@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from model_helpers import allowed_pairs
 from scipy.special import logsumexp
 
 import attention_lib.flash as flash
 from attention_lib import (
     causal_mask,
     online_softmax,
-    padding_mask,
     peak_extra_bytes,
     scaled_dot_product_attention,
     sliding_window_mask,
@@ -36,14 +36,8 @@ def naive_reference(q, k, v, *, causal=False, key_lengths=None, window=None, mas
     """The whole (Tq, Tk) matrix: build the combined mask, run scaled_dot_product_attention,
     and take scipy's logsumexp of the masked, scaled scores (-inf where nothing is allowed)."""
     Tq, Tk = q.shape[-2], k.shape[-2]
-    allowed = np.ones((Tq, Tk), dtype=bool)
-    if causal:
-        allowed = causal_mask(Tq, Tk) if window is None else sliding_window_mask(
-            Tq, Tk, window=window)
-    if key_lengths is not None:
-        allowed = allowed & padding_mask(key_lengths, Tk)  # (..., 1, Tk)
-    if mask is not None:
-        allowed = allowed & mask
+    allowed = allowed_pairs(Tq, Tk, causal=causal, window=window, key_lengths=key_lengths,
+                            mask=mask)
     output, _ = scaled_dot_product_attention(q, k, v, mask=allowed, scale=scale)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = scale * (q.astype(np.float64) @ np.swapaxes(k, -1, -2).astype(np.float64))

@@ -15,12 +15,10 @@ import warnings
 
 import numpy as np
 import pytest
+from model_helpers import allowed_pairs
 
 from attention_lib import (
-    causal_mask,
     flash,
-    padding_mask,
-    sliding_window_mask,
     tiled_attention,
     tiled_attention_backward,
 )
@@ -37,17 +35,6 @@ def relative_difference(ours, reference) -> float:
     return float(difference / largest) if largest > 0 else float(difference)
 
 
-def allowed_pairs(Tq, Tk, *, causal=False, window=None, key_lengths=None, mask=None):
-    """The dense boolean mask that the structured options of tiled attention describe."""
-    allowed = np.ones((Tq, Tk), dtype=bool)
-    if causal:
-        allowed = causal_mask(Tq, Tk) if window is None else sliding_window_mask(
-            Tq, Tk, window=window)
-    if key_lengths is not None:
-        allowed = allowed & padding_mask(key_lengths, Tk)  # (..., 1, Tk)
-    if mask is not None:
-        allowed = allowed & mask
-    return allowed
 
 
 def dense_gradients(d_output, q, k, v, scale=None, **options):
