@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
 
@@ -40,6 +43,17 @@ def check_positive_int(value, name: str, *, allow_zero: bool = False) -> int:
     if value < smallest:
         raise ValueError(f"{name} must be >= {smallest}; got {value}")
     return int(value)
+
+
+def check_scale(scale, d_k: int) -> float:
+    """The score scale: ``1/sqrt(d_k)`` for None, else ``scale`` as a float, or a ValueError
+    if it is not a finite real number (a bool, NaN or a string is refused, not converted)."""
+    if scale is None:
+        return 1.0 / math.sqrt(d_k)
+    if (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+            or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number; got {scale!r}")
+    return float(scale)
 
 
 def project(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:

@@ -4,12 +4,11 @@ self-attention with learned projections (chapter 05)."""
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, check_positive_int
+from ._checks import as_float_array, check_positive_int, check_scale
 from .softmax import softmax
 
 __all__ = ["scaled_dot_product_attention", "check_attention_inputs", "SelfAttention",
@@ -158,13 +157,8 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
            [0.3302, 0.6698]])
     """
     q, k, v, batch_shape = check_attention_inputs(q, k, v)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    elif (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
-          or not math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite number; got {scale!r}")
-    # A Python float keeps float32 inputs in float32 (a NumPy float64 scalar would not).
-    scale = float(scale)
+    # A Python float (check_scale returns one) keeps float32 inputs in float32.
+    scale = check_scale(scale, q.shape[-1])
 
     # Scaling q (Tq x d_k multiplications) rather than the scores (Tq x Tk) is cheaper
     # when d_k < Tk, the usual case; both give the same scores up to rounding.

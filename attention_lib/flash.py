@@ -21,7 +21,7 @@ import tracemalloc
 
 import numpy as np
 
-from ._checks import as_float_array, check_positive_int
+from ._checks import as_float_array, check_positive_int, check_scale
 from .attention import check_attention_inputs
 from .training.functional import sum_to_shape
 
@@ -426,7 +426,7 @@ def _check_tiled_options(q, k, batch, causal, key_lengths, window, mask, scale, 
     Tq, Tk, d_k = q.shape[-2], k.shape[-2], q.shape[-1]
     if causal and Tq > Tk:
         raise ValueError(f"causal needs Tq <= Tk; got Tq={Tq}, Tk={Tk}")
-    scale = 1.0 / math.sqrt(d_k) if scale is None else float(scale)
+    scale = check_scale(scale, d_k)
     if key_lengths is not None:
         key_lengths = np.asarray(key_lengths)
         if not np.issubdtype(key_lengths.dtype, np.integer):

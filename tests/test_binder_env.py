@@ -47,25 +47,44 @@ def test_binder_environment_has_no_pytorch(binder_python):
 
 
 # Another CPU than the one the notebooks were executed on: OpenBLAS forced to an old kernel
-# (other blocking, other summation order), NumPy's AVX/FMA code paths switched off, one
-# thread. The main test run re-executes the notebooks natively with 2 threads (conftest.py);
-# a stored output that depends on the CPU, the BLAS kernel or the thread count fails one run.
+# (other blocking, other summation order), NumPy's dispatched SIMD code paths above its
+# baseline switched off, one thread. NumPy 2.4 dispatches by feature group (X86_V3 holds AVX,
+# AVX2, FMA3, F16C; X86_V4 and AVX512_* the AVX-512 kernels); it rejects the whole variable,
+# with only an ImportWarning, if one name in it is not a dispatch target, so the probe below
+# turns that warning into an error. The main test run re-executes the notebooks natively with
+# 2 threads (conftest.py); a stored output that depends on the CPU, the BLAS kernel or the
+# thread count fails one of the two runs.
 FOREIGN_CPU = {
     "OPENBLAS_CORETYPE": "Prescott",
-    "NPY_DISABLE_CPU_FEATURES": "AVX2 FMA3 X86_V3 AVX F16C",
+    "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR",
     "OPENBLAS_NUM_THREADS": "1",
     "OMP_NUM_THREADS": "1",
 }
 
+# Prints NumPy's X86_V3 and AVX2 flags and the name of the kernel OpenBLAS chose.
+CPU_PROBE = """
+import ctypes, pathlib, numpy as np
+from numpy._core._multiarray_umath import __cpu_features__ as features
+libs = pathlib.Path(np.__file__).parent.parent / "numpy.libs"
+openblas = ctypes.CDLL(str(next(libs.glob("libscipy_openblas64_*.so"))))
+openblas.scipy_openblas_get_corename64_.restype = ctypes.c_char_p
+print(features["X86_V3"], openblas.scipy_openblas_get_corename64_().decode())
+"""
+
+
+def probe_cpu(python, extra_env):
+    result = subprocess.run([python, "-W", "error::ImportWarning", "-c", CPU_PROBE],
+                            capture_output=True, text=True, env={**os.environ, **extra_env})
+    assert result.returncode == 0, result.stderr
+    dispatch_v3, kernel = result.stdout.split()
+    return dispatch_v3 == "True", kernel
+
 
 def test_the_foreign_cpu_configuration_takes_effect(binder_python):
-    probe = ("import numpy as np; from numpy._core._multiarray_umath import __cpu_features__ as f;"
-             "print(f['AVX2'], f['FMA3'], np.show_config(mode='dicts')['Build Dependencies']"
-             "['blas']['name'])")
-    result = subprocess.run([binder_python, "-c", probe], capture_output=True, text=True,
-                            env={**os.environ, **FOREIGN_CPU}, check=True)
-    assert result.stdout.split()[:2] == ["False", "False"], result.stdout
-    assert "openblas" in result.stdout, "OPENBLAS_CORETYPE only steers OpenBLAS"
+    _, native_kernel = probe_cpu(binder_python, {})
+    foreign_v3, foreign_kernel = probe_cpu(binder_python, FOREIGN_CPU)
+    assert not foreign_v3, "NumPy still dispatches to its AVX2/FMA3 (X86_V3) kernels"
+    assert foreign_kernel != native_kernel, f"OpenBLAS kept its {native_kernel} kernel"
 
 
 def test_every_notebook_runs_in_the_binder_environment_on_a_foreign_cpu(binder_python):

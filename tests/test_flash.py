@@ -26,6 +26,7 @@ from attention_lib import (
     sliding_window_mask,
     softmax,
     tiled_attention,
+    tiled_attention_backward,
 )
 
 TOLERANCE = {np.float64: 1e-10, np.float32: 1e-5}
@@ -441,3 +442,13 @@ def test_peak_extra_bytes_passes_keyword_arguments_and_leaves_tracing_as_it_foun
 def test_peak_extra_bytes_rejects_a_function_that_is_not_callable_naming_it():
     with pytest.raises(TypeError, match=r"^function must be callable; got ndarray"):
         peak_extra_bytes(np.ones(3))
+
+
+@pytest.mark.parametrize("scale", [np.nan, np.inf, True, "0.5", np.array([0.5])])
+def test_a_bad_scale_raises_naming_scale_in_both_passes(scale):
+    # NaN once gave an all-zero output and True was taken as 1.0.
+    q = np.ones((4, 2))
+    with pytest.raises(ValueError, match=r"^scale must be a finite number"):
+        tiled_attention(q, q, q, scale=scale)
+    with pytest.raises(ValueError, match=r"^scale must be a finite number"):
+        tiled_attention_backward(q, q, q, q, q, np.zeros(4), scale=scale)
