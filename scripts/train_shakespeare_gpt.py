@@ -1,6 +1,6 @@
 """Train chapter 14's character-level GPT on Tiny Shakespeare, in NumPy, from scratch.
 
-    .venv/bin/python scripts/train_shakespeare_gpt.py [--threads 2] [--out attention_lib/data]
+    .venv/bin/python scripts/train_shakespeare_gpt.py [--threads 2] [--steps 1800] [--out DIR]
 
 Writes, into --out:
 - shakespeare_gpt.npz       the trained model and its vocabulary (attention_lib.training.gpt
@@ -25,10 +25,10 @@ import sys
 import time
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--threads", type=int, default=1)
+parser.add_argument("--threads", type=int, default=2)
 parser.add_argument("--out", default=None, help="output folder (default: the package's data/)")
 parser.add_argument("--seed", type=int, default=1337)
-parser.add_argument("--steps", type=int, default=1000)
+parser.add_argument("--steps", type=int, default=1800)
 parser.add_argument("--stop-after", type=int, default=None)
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--context-len", type=int, default=128)

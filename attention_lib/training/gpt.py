@@ -75,7 +75,7 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 """sha256 of ``tinyshakespeare.txt`` (Karpathy's char-rnn ``data/tinyshakespeare/input.txt``)."""
 
-SHAKESPEARE_GPT_SHA256 = "b6f1abb6e9ed020e4bec78420c7485ebb188b78070bb9e836ddb1e9aa477a2b6"
+SHAKESPEARE_GPT_SHA256 = "d749cc742b04cf71adca442a22e4b7aaf22881ced3416bd7a114182194e6c98e"
 """sha256 of the committed checkpoint ``shakespeare_gpt.npz``."""
 
 
