@@ -491,8 +491,8 @@ def evaluate_loss(model: GPT, data, *, context_len: int | None = None,
     """Mean next-character loss over ``data`` cut into consecutive windows, no dropout.
 
     The windows ``data[i T : (i + 1) T + 1]`` cover every character once (a last partial
-    window is dropped); in each, the character at position ``t`` is predicted from the
-    ``t + 1`` characters before it in its window, as in training.
+    window is dropped); in each, the prediction at position ``t`` (of the window's character
+    ``t + 1``) sees the ``t + 1`` characters before it, as in training.
 
     Returns
     -------
