@@ -73,8 +73,10 @@ print(features["X86_V3"], openblas.scipy_openblas_get_corename64_().decode())
 
 
 def probe_cpu(python, extra_env):
+    # The native probe must not inherit the foreign variables from a run that exports them.
+    native = {key: value for key, value in os.environ.items() if key not in FOREIGN_CPU}
     result = subprocess.run([python, "-W", "error::ImportWarning", "-c", CPU_PROBE],
-                            capture_output=True, text=True, env={**os.environ, **extra_env})
+                            capture_output=True, text=True, env={**native, **extra_env})
     assert result.returncode == 0, result.stderr
     dispatch_v3, kernel = result.stdout.split()
     return dispatch_v3 == "True", kernel
