@@ -12,6 +12,12 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     echo "== installing PyTorch 2.13.0 (CPU) for the parity tests"
     .venv/bin/python -m pip install --quiet torch==2.13.0
 fi
+# gguf, ggml's own Python package: its quantizers are the reference the library's are
+# checked against (tests/test_quantize.py).
+if ! .venv/bin/python -c 'import gguf' 2>/dev/null; then
+    echo "== installing gguf 0.19.0 for the quantization tests"
+    .venv/bin/python -m pip install --quiet gguf==0.19.0
+fi
 
 CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
 export CHROMIUM

@@ -20,7 +20,7 @@ steps, as SmolLM2's tokenizer does (llama.cpp names it ``smollm``):
    character to the word after it; any other whitespace.
 
 Step 2 is a hand-written scanner (:func:`gpt2_split`), not a regex: ``\\p{L}`` and ``\\p{N}``
-are read with :func:`unicodedata.category` and ``\\s`` with :meth:`str.isspace`, except that
+are read with ``unicodedata.category`` and ``\\s`` with ``str.isspace``, except that
 the four information separators U+001C..U+001F, which Python counts as whitespace, are not
 whitespace for the reference (Oniguruma's ``\\s``, the Unicode White_Space property).
 
@@ -74,7 +74,7 @@ _CACHE_LIMIT = 100_000  # pieces remembered per tokenizer (a word's tokens never
 class _KindTable(dict):
     """Code point -> "L" (letter), "N" (number), "S" (whitespace) or "O" (other).
 
-    A table for :meth:`str.translate`, filled on demand: ``text.translate(_KINDS)`` spells
+    A table for ``str.translate``, filled on demand: ``text.translate(_KINDS)`` spells
     the kind of every character of ``text`` in one pass done in C.
     """
 
@@ -105,7 +105,7 @@ def split_digits(text: str) -> list[str]:
 
     Notes
     -----
-    For the planned chapter 17 (not yet in the book).
+    Derived in chapter 17, *From weights to a chat*.
     """
     kinds = text.translate(_KINDS)
     segments, start = [], 0
@@ -146,7 +146,7 @@ def gpt2_split(text: str) -> list[str]:
     ``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+``:
     contractions, then a letter run, a number run or a run of other characters (each with
     one optional leading space ``" "``), then whitespace. Letters are Unicode categories L*,
-    numbers N*, whitespace is :meth:`str.isspace` minus U+001C..U+001F.
+    numbers N*, whitespace is ``str.isspace`` minus U+001C..U+001F.
 
     Shapes
     ------
@@ -154,7 +154,7 @@ def gpt2_split(text: str) -> list[str]:
 
     Notes
     -----
-    For the planned chapter 17 (not yet in the book). Equals the pieces of the
+    Derived in chapter 17, *From weights to a chat*. Equals the pieces of the
     ``tokenizers`` library's ``ByteLevel(use_regex=True)`` pre-tokenizer (tested).
 
     Examples
@@ -183,7 +183,7 @@ def pretokenize(text: str) -> list[str]:
 
     Notes
     -----
-    For the planned chapter 17 (not yet in the book).
+    Derived in chapter 17, *From weights to a chat*.
 
     Examples
     --------
@@ -206,7 +206,7 @@ def bytes_to_unicode() -> dict[int, str]:
 
     Notes
     -----
-    For the planned chapter 17 (not yet in the book). The function of the same name in
+    Derived in chapter 17, *From weights to a chat*. The function of the same name in
     GPT-2's ``encoder.py``.
 
     Examples
@@ -253,7 +253,7 @@ def merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
 
     Notes
     -----
-    For the planned chapter 17 (not yet in the book).
+    Derived in chapter 17, *From weights to a chat*.
 
     Examples
     --------
@@ -318,7 +318,7 @@ class ByteLevelBPE:
 
     Notes
     -----
-    For the planned chapter 17 (not yet in the book). Make one with :func:`train_bpe`, or
+    Derived in chapter 17, *From weights to a chat*. Make one with :func:`train_bpe`, or
     read SmolLM2's with :meth:`from_gguf`; on that vocabulary it gives the ids of
     :class:`~attention_lib.models.smollm2.SmolLM2Tokenizer` (tested).
 
@@ -436,7 +436,8 @@ class ByteLevelBPE:
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> ByteLevelBPE:
-        """The tokenizer stored in a parsed GGUF file (:func:`~attention_lib.models.read_gguf`).
+        """The tokenizer stored in a parsed GGUF file (from
+        :func:`~attention_lib.models.gguf.read_gguf`).
 
         Raises ``ValueError`` unless the file holds a byte-level BPE (``gpt2``) with SmolLM2's
         pre-tokenizer (``smollm``): another pre-tokenizer would cut text differently.
@@ -579,7 +580,7 @@ def train_bpe(text: str, vocab_size: int) -> ByteLevelBPE:
 
     Notes
     -----
-    For the planned chapter 17 (not yet in the book). Sennrich et al. (2016) on words;
+    Derived in chapter 17, *From weights to a chat*. Sennrich et al. (2016) on words;
     GPT-2 (Radford et al. 2019) on bytes.
 
     Examples

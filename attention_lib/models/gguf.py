@@ -15,12 +15,17 @@ the reversed shape: a weight with ``ne = [576, 1536]`` is a ``(1536, 576)`` row-
 PyTorch's ``(out, in)`` layout.
 
 Weights are often stored quantized in blocks of 32 numbers. This module dequantizes the
-block types SmolLM2's file uses (and the plain float ones):
+block types SmolLM2's file uses, ``Q4_0`` (which chapter 17 quantizes to) and the plain float
+ones:
 
-- ``Q8_0``: a float16 scale ``s`` and 32 int8 codes ``c``; value ``s * c``.
+- ``Q8_0``: a float16 scale ``s`` and 32 int8 codes ``c``; value ``s * c`` (34 bytes).
 - ``Q4_1``: a float16 scale ``s`` and minimum ``z``, then 16 bytes of 4-bit codes ``c`` (low
-  nibbles are elements 0-15, high nibbles elements 16-31); value ``s * c + z``.
+  nibbles are elements 0-15, high nibbles elements 16-31); value ``s * c + z`` (20 bytes).
+- ``Q4_0``: a float16 scale ``s``, then 16 bytes of 4-bit codes ``c`` packed as in ``Q4_1``;
+  value ``s * (c - 8)`` (18 bytes).
 - ``F32`` and ``F16``: stored as they are.
+
+:mod:`attention_lib.models.quantize` (chapter 17) writes these bytes.
 
 ggml calls the scale and the minimum ``d`` and ``m`` (the code below keeps its names).
 """
@@ -51,12 +56,13 @@ _STRUCT_FORMATS = {_UINT8: "B", _INT8: "b", _UINT16: "H", _INT16: "h", _UINT32: 
                    _INT32: "i", _FLOAT32: "f", _BOOL: "B", _UINT64: "Q", _INT64: "q",
                    _FLOAT64: "d"}
 
-GGML_TYPES = {"F32": 0, "F16": 1, "Q4_1": 3, "Q8_0": 8}
+GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 """The ggml tensor types this reader dequantizes, each name mapped to its number in the file."""
 
 _TYPE_NAMES = {number: name for name, number in GGML_TYPES.items()}
 # (elements per block, bytes per block) of each supported type.
-_BLOCKS = {"F32": (1, 4), "F16": (1, 2), "Q4_1": (32, 20), "Q8_0": (32, 34)}
+_BLOCKS = {"F32": (1, 4), "F16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20),
+           "Q8_0": (32, 34)}
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ class GGUFTensorInfo:
     shape : tuple of int
         NumPy (row-major) shape: the file's ``ne`` reversed.
     ggml_type : str
-        ``"F32"``, ``"F16"``, ``"Q4_1"`` or ``"Q8_0"``.
+        ``"F32"``, ``"F16"``, ``"Q4_0"``, ``"Q4_1"`` or ``"Q8_0"``.
     offset : int
         Absolute byte offset of the tensor's data in the file.
     nbytes : int
@@ -153,7 +159,7 @@ def dequantize(raw, ggml_type: str, shape) -> np.ndarray:
     raw : array_like of uint8
         The tensor's bytes, as stored.
     ggml_type : str
-        ``"F32"``, ``"F16"``, ``"Q4_1"`` or ``"Q8_0"``.
+        ``"F32"``, ``"F16"``, ``"Q4_0"``, ``"Q4_1"`` or ``"Q8_0"``.
     shape : tuple of int
         NumPy shape of the result; for block types its last axis (the file's ``ne[0]``)
         must be a multiple of 32.
@@ -173,7 +179,9 @@ def dequantize(raw, ggml_type: str, shape) -> np.ndarray:
 
     Notes
     -----
-    Derived in chapter 16, *A real decoder: SmolLM2*.
+    Derived in chapter 16, *A real decoder: SmolLM2*; ``Q4_0`` in chapter 17, *From weights
+    to a chat*. Follows ``dequantize_row_q8_0``, ``dequantize_row_q4_1`` and
+    ``dequantize_row_q4_0`` of ggml's ``src/ggml-quants.c``.
 
     Examples
     --------
@@ -205,16 +213,23 @@ def dequantize(raw, ggml_type: str, shape) -> np.ndarray:
         q = blocks[:, 2:].view(np.int8).astype(np.float32)  # (n_blocks, 32)
         q *= d
         return q.reshape(shape)
-    # Q4_1: float16 scale d and minimum m, then 16 bytes holding elements i (low nibble) and
-    # i + 16 (high nibble).
-    d_and_m = blocks[:, 0:4].copy().view("<f2").astype(np.float32)  # (n_blocks, 2)
-    packed = blocks[:, 4:]  # (n_blocks, 16)
+    # Q4_0 and Q4_1: float16 scale d (Q4_1: and minimum m), then 16 bytes holding elements i
+    # (low nibble) and i + 16 (high nibble).
+    header = 2 if ggml_type == "Q4_0" else 4
+    scales = blocks[:, 0:header].copy().view("<f2").astype(np.float32)  # (n_blocks, 1 or 2)
+    packed = blocks[:, header:]  # (n_blocks, 16)
     q = np.empty((blocks.shape[0], block_size), dtype=np.uint8)  # (n_blocks, 32)
     np.bitwise_and(packed, 0x0F, out=q[:, :16])
     np.right_shift(packed, 4, out=q[:, 16:])
+    if ggml_type == "Q4_0":
+        values = q.astype(np.int8)
+        values -= 8  # codes 0..15 stand for -8..7
+        values = values.astype(np.float32)
+        values *= scales  # d * (q - 8)
+        return values.reshape(shape)
     values = q.astype(np.float32)
-    values *= d_and_m[:, :1]  # d * q
-    values += d_and_m[:, 1:]  # + m
+    values *= scales[:, :1]  # d * q
+    values += scales[:, 1:]  # + m
     return values.reshape(shape)
 
 
