@@ -14,7 +14,7 @@ from .blocks import (
     count_parameters,
     embed_tokens,
 )
-from .cache import KVCache, greedy_decode
+from .cache import KVCache, SinkCache, greedy_decode, next_token_nll
 from .flash import (
     online_softmax,
     peak_extra_bytes,
@@ -44,6 +44,7 @@ __all__ = [
     "KVCache",
     "LayerNorm",
     "RMSNorm",
+    "SinkCache",
     "count_parameters",
     "embed_tokens",
     "gelu",
@@ -75,4 +76,5 @@ __all__ = [
     "split_heads",
     "tiled_attention",
     "tiled_attention_backward",
+    "next_token_nll",
 ]

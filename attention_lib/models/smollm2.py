@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..blocks import EncoderBlock
-from ..cache import KVCache
+from ..cache import KVCache, SinkCache
 from ..layers import GatedFeedForward, RMSNorm
 from ..masks import causal_mask
 from ..multihead import MultiHeadAttention
@@ -251,6 +251,18 @@ class SmolLM2:
                              f"{c.context_length}")
         return KVCache.init(c.num_layers, c.num_kv_heads, capacity, c.d_head,
                             tuple(batch_shape), dtype=self.embedding.dtype)
+
+    def new_sink_cache(self, num_sinks: int, window: int, batch_shape=()) -> SinkCache:
+        """A cache of bounded size: the first ``num_sinks`` positions and the last ``window``
+        (chapter 17, *From weights to a chat*); positions count within the cache."""
+        c = self.config
+        cache = SinkCache.init(c.num_layers, c.num_kv_heads, c.d_head, num_sinks=num_sinks,
+                               window=window, rope_base=c.rope_base,
+                               batch_shape=tuple(batch_shape), dtype=self.embedding.dtype)
+        if cache.capacity + 1 > c.context_length:
+            raise ValueError(f"num_sinks + window + 1 = {cache.capacity + 1} exceeds the "
+                             f"model's context length {c.context_length}")
+        return cache
 
     def _check_tokens(self, tokens) -> np.ndarray:
         tokens = np.asarray(tokens)
