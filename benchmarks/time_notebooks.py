@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from execute_notebooks import notebooks_in_toc  # noqa: E402
 
 NOTEBOOK_BUDGET_S = 10.0
-BUDGET_OVERRIDES_S = {"12_training": 90.0, "15_real_encoder": 20.0, "16_real_decoder": 60.0}
+BUDGET_OVERRIDES_S = {"12_training": 90.0, "15_real_encoder": 20.0, "16_real_decoder": 60.0,
+                      "17_from_weights_to_chat": 60.0}
 BUILD_BUDGET_S = 60.0
 
 

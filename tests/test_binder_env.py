@@ -96,7 +96,7 @@ def test_every_notebook_runs_in_the_binder_environment_on_a_foreign_cpu(binder_p
         [binder_python, "-m", "pytest", "--nbval", "--nbval-current-env",
          "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "-p", "no:cacheprovider",
          "-o", "addopts=", "-q", *notebooks],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
         env={**os.environ, **FOREIGN_CPU},
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
