@@ -174,9 +174,11 @@ class SinkCache:
 
     Attributes
     ----------
-    keys, values : numpy.ndarray
+    keys : numpy.ndarray
         ``(num_layers, *batch_shape, num_kv_heads, num_sinks + window + 1, d_head)``; one
         slot more than the cache keeps, for the new token of a step.
+    values : numpy.ndarray
+        The same shape as ``keys``.
     lengths : numpy.ndarray
         Positions held per layer, ``(num_layers,)``, at most ``num_sinks + window``.
     num_sinks : int
@@ -237,7 +239,7 @@ class SinkCache:
 
     @property
     def capacity(self) -> int:
-        """Positions kept between steps: ``num_sinks + window``."""
+        """How many positions the cache keeps between steps, ``num_sinks + window``."""
         return self.num_sinks + self.window
 
     @property
@@ -341,7 +343,7 @@ def next_token_nll(model, ids, *, num_sinks: int | None = None, window: int | No
                    chunk: int = 512) -> np.ndarray:
     """The negative log-likelihood of every next token of ``ids``, read through a KV cache.
 
-    With ``window=None`` the cache keeps everything (:meth:`new_cache`), and the text goes
+    With ``window=None`` the cache keeps everything (the model's ``new_cache``), and the text goes
     through the model ``chunk`` tokens at a time. With a ``window``, the cache keeps the
     first ``num_sinks`` tokens and the last ``window`` (:class:`SinkCache`, from the model's
     ``new_sink_cache``): the first ``num_sinks + window`` tokens go in as one chunk, then one
