@@ -170,8 +170,10 @@ class StreamDecoder:
     --------
     >>> bpe = ByteLevelBPE([bytes([b]) for b in range(256)], {})
     >>> decoder = StreamDecoder(bpe)
-    >>> [decoder.push(byte) for byte in "a👍".encode()]  # 1 byte, then 4 bytes
-    ['a', '', '', '', '👍']
+    >>> thumbs_up = chr(0x1F44D)  # 4 bytes in UTF-8
+    >>> pieces = [decoder.push(byte) for byte in ("a" + thumbs_up).encode()]
+    >>> pieces == ["a", "", "", "", thumbs_up]
+    True
     >>> decoder.finish()
     ''
     """
