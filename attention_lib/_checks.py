@@ -56,6 +56,55 @@ def check_scale(scale, d_k: int) -> float:
     return float(scale)
 
 
+def check_token_ids(tokens, vocab_size: int, name: str = "tokens") -> np.ndarray:
+    """Return ``tokens`` as an integer array of shape (..., T), T >= 1, with every id in
+    ``[0, vocab_size)``, or raise naming ``name``: the one token-id check of the library."""
+    tokens = np.asarray(tokens)
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise TypeError(f"{name} must be integer ids; got dtype {tokens.dtype}")
+    if tokens.ndim < 1 or tokens.shape[-1] < 1:
+        raise ValueError(f"{name} must have shape (..., T) with T >= 1; got {tokens.shape}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        raise ValueError(f"{name} must be ids in [0, {vocab_size}); got min {tokens.min()}, "
+                         f"max {tokens.max()}")
+    return tokens
+
+
+def broadcasts_to(shape, target) -> bool:
+    """Whether an array of ``shape`` broadcasts to ``target`` without changing it."""
+    try:
+        return np.broadcast_shapes(shape, target) == tuple(target)
+    except ValueError:
+        return False
+
+
+def check_mask(mask, scores_shape, *, may_add_dims: bool = True) -> np.ndarray:
+    """Return ``mask`` as a boolean array that broadcasts to ``scores_shape`` (..., Tq, Tk),
+    or raise. With ``may_add_dims=False`` it may not add batch dimensions either (a layer's
+    mask, applied to every head). The one mask check of the library (chapter 04)."""
+    mask = np.asarray(mask)
+    if mask.dtype != bool:
+        raise TypeError(
+            f"mask must be boolean with True = may attend; got dtype {mask.dtype}. "
+            "A 0/1 mask converts with mask.astype(bool) (if 1 = may attend) or == 0 "
+            "(if 1 = blocked); an additive mask with == 0 (chapter 04)"
+        )
+    scores_shape = tuple(scores_shape)
+    if may_add_dims:
+        try:
+            np.broadcast_shapes(mask.shape, scores_shape)
+            return mask
+        except ValueError:
+            pass
+    elif broadcasts_to(mask.shape, scores_shape):
+        return mask
+    raise ValueError(
+        f"mask of shape {mask.shape} does not broadcast to the scores' shape "
+        f"{scores_shape} (..., Tq, Tk)"
+        + ("" if may_add_dims else " without adding dimensions")
+    )
+
+
 def project(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     """``x @ W (+ b)`` over the last axis, as one 2-d matrix product.
 

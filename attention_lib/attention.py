@@ -8,29 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, check_positive_int, check_scale
-from .softmax import softmax
+from ._checks import as_float_array, check_mask, check_positive_int, check_scale
+from .softmax import _softmax_in_place
 
 __all__ = ["scaled_dot_product_attention", "check_attention_inputs", "SelfAttention",
            "init_linear_weight"]
-
-
-def _check_mask(mask, scores_shape: tuple[int, ...]) -> np.ndarray:
-    mask = np.asarray(mask)
-    if mask.dtype != bool:
-        raise TypeError(
-            f"mask must be boolean with True = may attend; got dtype {mask.dtype}. "
-            "A 0/1 mask converts with mask.astype(bool) (if 1 = may attend) or == 0 "
-            "(if 1 = blocked); an additive mask with == 0 (chapter 04)"
-        )
-    try:
-        np.broadcast_shapes(mask.shape, scores_shape)
-    except ValueError:
-        raise ValueError(
-            f"mask of shape {mask.shape} does not broadcast to the scores' shape "
-            f"{scores_shape} (..., Tq, Tk)"
-        ) from None
-    return mask
 
 
 def check_attention_inputs(q, k, v):
@@ -159,50 +141,120 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, bias=None):
     q, k, v, batch_shape = check_attention_inputs(q, k, v)
     # A Python float (check_scale returns one) keeps float32 inputs in float32.
     scale = check_scale(scale, q.shape[-1])
-
-    # Scaling q (Tq x d_k multiplications) rather than the scores (Tq x Tk) is cheaper
-    # when d_k < Tk, the usual case; both give the same scores up to rounding.
-    with np.errstate(over="ignore", invalid="ignore"):  # checked just below, by name
-        scores = (q * scale) @ np.swapaxes(k, -1, -2)  # (..., Tq, Tk)
-    if not np.isfinite(scores).all():
-        raise ValueError(
-            f"the scores q @ k^T * scale overflowed {scores.dtype} (largest finite "
-            f"{float(np.finfo(scores.dtype).max):.6g}; q.shape={q.shape}, "
-            f"k.shape={k.shape}, scale={scale:.6g}): scale q or k down, or compute in "
-            "float32"
-        )
     scores_shape = (*batch_shape, q.shape[-2], k.shape[-2])
     if bias is not None:
-        bias = as_float_array(bias, "bias")
-        try:
-            np.broadcast_shapes(bias.shape, scores_shape)
-        except ValueError:
-            raise ValueError(
-                f"bias of shape {bias.shape} does not broadcast to the scores' shape "
-                f"{scores_shape} (..., Tq, Tk)"
-            ) from None
-        # -inf is allowed (it blocks like a mask); NaN and +inf have no meaning as a bias.
-        if np.isnan(bias).any() or np.isposinf(bias).any():
-            raise ValueError(
-                f"bias contains NaN or +inf (shape {bias.shape}); a bias must be finite, "
-                "or -inf where it blocks a key"
-            )
-        with np.errstate(over="ignore", invalid="ignore"):  # checked just below, by name
-            biased = np.add(scores, bias, dtype=scores.dtype)
-        if not np.isfinite(biased[np.broadcast_to(np.isfinite(bias), biased.shape)]).all():
-            raise ValueError(
-                f"the scores q @ k^T * scale + bias overflowed {scores.dtype} (largest finite "
-                f"{float(np.finfo(scores.dtype).max):.6g}; bias.shape={bias.shape}, largest "
-                f"|finite bias| {float(np.abs(bias[np.isfinite(bias)]).max(initial=0)):.6g}): "
-                "scale the bias down, or compute in float32"
-            )
-        scores = biased
+        bias = _check_bias(bias, scores_shape)
     if mask is not None:
-        mask = _check_mask(mask, scores_shape)
-        scores = np.where(mask, scores, -np.inf).astype(scores.dtype, copy=False)
-    weights = softmax(scores, axis=-1)  # (..., Tq, Tk)
-    output = weights @ v  # (..., Tq, d_v)
-    return output, weights
+        mask = check_mask(mask, scores_shape)
+    return _attend(q, k, v, scale, mask, bias)
+
+
+def _check_bias(bias, scores_shape: tuple[int, ...]) -> np.ndarray:
+    bias = as_float_array(bias, "bias")
+    try:
+        np.broadcast_shapes(bias.shape, scores_shape)
+    except ValueError:
+        raise ValueError(
+            f"bias of shape {bias.shape} does not broadcast to the scores' shape "
+            f"{scores_shape} (..., Tq, Tk)"
+        ) from None
+    # -inf is allowed (it blocks like a mask); NaN and +inf have no meaning as a bias.
+    if np.isnan(bias).any() or np.isposinf(bias).any():
+        raise ValueError(
+            f"bias contains NaN or +inf (shape {bias.shape}); a bias must be finite, "
+            "or -inf where it blocks a key"
+        )
+    return bias
+
+
+# ----------------------------------------------------------------------------- kernels
+# The functions below trust their inputs: the public functions (and the layers' __call__)
+# check once, at the door, then call these. Internal calls (block -> attention -> softmax)
+# go straight from kernel to kernel.
+
+
+def _attend(q, k, v, scale: float, mask=None, bias=None):
+    """The kernel of :func:`scaled_dot_product_attention`: (output, weights), no checks.
+
+    Scores that overflow the dtype are caught for free: a +inf or NaN score makes its row's
+    maximum +inf or NaN, and that maximum is needed for the softmax anyway.
+    """
+    # Scaling q (Tq x d_k multiplications) rather than the scores (Tq x Tk) is cheaper
+    # when d_k < Tk, the usual case; both give the same scores up to rounding.
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below, by name
+        scores = (q * scale) @ np.swapaxes(k, -1, -2)  # (..., Tq, Tk)
+        if bias is not None:
+            scores = np.add(scores, bias, dtype=scores.dtype)
+    if mask is not None:
+        if np.broadcast_shapes(mask.shape, scores.shape) == scores.shape:
+            np.copyto(scores, -np.inf, where=np.logical_not(mask))  # in place
+        else:  # the mask adds batch dimensions
+            scores = np.where(mask, scores, -np.inf).astype(scores.dtype, copy=False)
+    row_max = np.max(scores, axis=-1, keepdims=True)  # (..., Tq, 1)
+    if not np.isfinite(row_max).all():  # fully masked rows, or an overflow
+        _raise_if_overflowed(row_max, q, k, scale, mask, bias)
+        row_max[np.isneginf(row_max)] = 0
+    weights = _softmax_in_place(scores, row_max=row_max)  # (..., Tq, Tk)
+    return weights @ v, weights  # (..., Tq, d_v)
+
+
+def _raise_if_overflowed(row_max, q, k, scale, mask, bias) -> None:
+    """Raise if a row's maximum score shows an overflow: NaN or +inf, or -inf in a row where
+    the mask and bias allow a key (a fully masked row is -inf by design)."""
+    overflowed = np.isnan(row_max) | np.isposinf(row_max)
+    empty = np.isneginf(row_max)[..., 0]  # (..., Tq)
+    if empty.any():
+        allowed = np.ones(q.shape[-2:-1] + k.shape[-2:-1], dtype=bool)  # (Tq, Tk)
+        if mask is not None:
+            allowed = allowed & mask
+        if bias is not None:
+            allowed = allowed & np.isfinite(bias)
+        overflowed = overflowed | (empty & allowed.any(axis=-1))[..., None]
+    if not overflowed.any():
+        return
+    largest = float(np.finfo(row_max.dtype).max)
+    if bias is None:
+        raise ValueError(
+            f"the scores q @ k^T * scale overflowed {row_max.dtype} (largest finite "
+            f"{largest:.6g}; q.shape={q.shape}, k.shape={k.shape}, scale={scale:.6g}): "
+            "scale q or k down, or compute in float32"
+        )
+    finite_bias = bias[np.isfinite(bias)]
+    raise ValueError(
+        f"the scores q @ k^T * scale + bias overflowed {row_max.dtype} (largest finite "
+        f"{largest:.6g}; bias.shape={bias.shape}, largest |finite bias| "
+        f"{float(np.abs(finite_bias).max(initial=0)):.6g}): scale the bias down, or compute "
+        "in float32"
+    )
+
+
+def _query_rows(array, rows: slice):
+    """The rows of a mask or bias for the queries ``rows``, if it has a query axis."""
+    if array is None or array.ndim < 2 or array.shape[-2] == 1:
+        return array
+    return array[..., rows, :]
+
+
+def _attend_by_query_blocks(q, k, v, scale: float, mask=None, bias=None,
+                            block_q: int = 128) -> np.ndarray:
+    """The output of :func:`_attend` without its weights, ``block_q`` queries at a time.
+
+    Each block of queries sees every key, so its softmax is the exact one: no running
+    maximum is needed (chapter 11's tiled attention also splits the keys). Only one
+    block's (..., block_q, Tk) weights exist at a time instead of all (..., Tq, Tk).
+    """
+    Tq = q.shape[-2]
+    if Tq <= block_q:
+        return _attend(q, k, v, scale, mask, bias)[0]
+    # Every block reads all of k and v: lay them out contiguously once (the heads' views
+    # from split_heads are strided), not once per block inside matmul.
+    k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
+    outputs = []
+    for start in range(0, Tq, block_q):
+        rows = slice(start, start + block_q)
+        outputs.append(_attend(q[..., rows, :], k, v, scale, _query_rows(mask, rows),
+                               _query_rows(bias, rows))[0])  # (..., block_q, d_v)
+    return np.concatenate(outputs, axis=-2)  # (..., Tq, d_v)
 
 
 def init_linear_weight(d_in: int, d_out: int, rng: np.random.Generator,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 import numpy as np
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, check_token_ids
 from .cache import KVCache
 from .layers import FeedForward, LayerNorm
 from .masks import causal_mask, padding_mask
@@ -139,12 +139,25 @@ class EncoderBlock:
             norm_first=norm_first,
         )
 
-    def __call__(self, x, mask=None, cache=None) -> np.ndarray:
+    def __call__(self, x, mask=None, cache=None, *, return_weights: bool = False):
+        """The block's output, and with ``return_weights=True`` also its attention weights
+        ``(..., H, T, T)``. Without them the attention never stores its weights whole."""
+        x, _, mask = self.self_attn.check_inputs(x, None, mask, cache)
+        return self.forward(x, mask, cache, return_weights=return_weights)
+
+    def forward(self, x, mask=None, cache=None, *, return_weights: bool = False):
+        """:meth:`__call__` on checked inputs (a stack checks once, then calls this)."""
+        attend = self.self_attn.forward
         if self.norm_first:
-            x = x + self.self_attn(self.norm1(x), mask=mask, cache=cache)[0]
-            return x + self.ff(self.norm2(x))
-        x = self.norm1(x + self.self_attn(x, mask=mask, cache=cache)[0])
-        return self.norm2(x + self.ff(x))
+            attended, weights = attend(self.norm1(x), mask=mask, cache=cache,
+                                       need_weights=return_weights)
+            x = x + attended
+            x = x + self.ff(self.norm2(x))
+        else:
+            attended, weights = attend(x, mask=mask, cache=cache, need_weights=return_weights)
+            x = self.norm1(x + attended)
+            x = self.norm2(x + self.ff(x))
+        return (x, weights) if return_weights else x
 
 
 @dataclass
@@ -205,12 +218,24 @@ class DecoderBlock:
         )
 
     def __call__(self, x, memory, self_mask=None, memory_mask=None, cache=None) -> np.ndarray:
+        x, _, self_mask = self.self_attn.check_inputs(x, None, self_mask, cache)
+        x, memory, memory_mask = self.cross_attn.check_inputs(x, memory, memory_mask)
+        return self.forward(x, memory, self_mask, memory_mask, cache)
+
+    def forward(self, x, memory, self_mask=None, memory_mask=None, cache=None) -> np.ndarray:
+        """:meth:`__call__` on checked inputs (a stack checks once, then calls this)."""
+        def self_attend(x):
+            return self.self_attn.forward(x, mask=self_mask, cache=cache, need_weights=False)[0]
+
+        def cross_attend(x):
+            return self.cross_attn.forward(x, memory, memory_mask, need_weights=False)[0]
+
         if self.norm_first:
-            x = x + self.self_attn(self.norm1(x), mask=self_mask, cache=cache)[0]
-            x = x + self.cross_attn(self.norm2(x), context=memory, mask=memory_mask)[0]
+            x = x + self_attend(self.norm1(x))
+            x = x + cross_attend(self.norm2(x))
             return x + self.ff(self.norm3(x))
-        x = self.norm1(x + self.self_attn(x, mask=self_mask, cache=cache)[0])
-        x = self.norm2(x + self.cross_attn(x, context=memory, mask=memory_mask)[0])
+        x = self.norm1(x + self_attend(x))
+        x = self.norm2(x + cross_attend(x))
         return self.norm3(x + self.ff(x))
 
 
@@ -231,8 +256,9 @@ class Encoder:
     norm: LayerNorm | None = None
 
     def __call__(self, x, mask=None) -> np.ndarray:
+        x, _, mask = self.layers[0].self_attn.check_inputs(x, None, mask)
         for layer in self.layers:
-            x = layer(x, mask=mask)
+            x = layer.forward(x, mask=mask)
         return x if self.norm is None else self.norm(x)
 
 
@@ -253,8 +279,11 @@ class Decoder:
     norm: LayerNorm | None = None
 
     def __call__(self, x, memory, self_mask=None, memory_mask=None) -> np.ndarray:
+        first = self.layers[0]
+        x, _, self_mask = first.self_attn.check_inputs(x, None, self_mask)
+        x, memory, memory_mask = first.cross_attn.check_inputs(x, memory, memory_mask)
         for layer in self.layers:
-            x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask)
+            x = layer.forward(x, memory, self_mask=self_mask, memory_mask=memory_mask)
         return x if self.norm is None else self.norm(x)
 
 
@@ -276,18 +305,11 @@ def embed_tokens(embedding: np.ndarray, tokens, start: int = 0) -> np.ndarray:
     -----
     Derived in chapter 09, *Decoder and cross-attention*.
     """
-    tokens = np.asarray(tokens)
     embedding = np.asarray(embedding)
     if embedding.ndim != 2:
         raise ValueError(f"embedding must be 2-d (V, d_model); got shape {embedding.shape}")
-    if not np.issubdtype(tokens.dtype, np.integer):
-        raise TypeError(f"tokens must be integer ids; got dtype {tokens.dtype}")
-    if tokens.ndim < 1 or tokens.shape[-1] < 1:
-        raise ValueError(f"tokens must have shape (..., T) with T >= 1; got {tokens.shape}")
     vocab_size, d_model = embedding.shape
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
-        raise ValueError(f"tokens must be ids in [0, {vocab_size}); got min {tokens.min()}, "
-                         f"max {tokens.max()}")
+    tokens = check_token_ids(tokens, vocab_size)
     T = tokens.shape[-1]
     positions = sinusoidal_encoding(T, d_model, start=start).astype(embedding.dtype)
     return embedding[tokens] * math.sqrt(d_model) + positions  # (..., T, d_model)
@@ -440,12 +462,40 @@ class DecoderOnlyLM:
                             d_model // self.num_heads, tuple(batch_shape),
                             dtype=self.embedding.dtype)
 
-    def __call__(self, tokens, cache: KVCache | None = None) -> np.ndarray:
-        tokens = np.asarray(tokens)
+    def embed(self, tokens, start: int = 0) -> np.ndarray:
+        """Token vectors with their positions added (:func:`embed_tokens`); ``start`` is the
+        position of the first token. A model with RoPE adds none here (SmolLM2)."""
+        return embed_tokens(self.embedding, tokens, start=start)
+
+    def forward(self, tokens, cache: KVCache | None = None, *, return_attention: bool = False):
+        """Logits for every position; with ``return_attention``, also every layer's weights.
+
+        With ``cache``, ``tokens`` are the new positions only: their keys and values are
+        appended to the cache and they attend to everything cached before them.
+
+        Returns
+        -------
+        logits : numpy.ndarray
+            ``(..., T, V)``.
+        attention : numpy.ndarray, only if ``return_attention``
+            ``(num_layers, ..., H, T, T_total)`` where ``T_total`` counts cached positions.
+        """
+        tokens = check_token_ids(tokens, self.embedding.shape[0])
         start = 0 if cache is None else cache.length
         T = tokens.shape[-1]
-        x = embed_tokens(self.embedding, tokens, start=start)  # (..., T, d_model)
+        x = self.embed(tokens, start)  # (..., T, d_model)
         mask = causal_mask(T, start + T)  # the new queries see every earlier position
+        attention = []
         for index, block in enumerate(self.blocks):
-            x = block(x, mask=mask, cache=None if cache is None else cache.layer(index))
-        return self.norm(x) @ self.W_out  # (..., T, V)
+            layer_cache = None if cache is None else cache.layer(index)
+            if return_attention:
+                x, weights = block.forward(x, mask, layer_cache, return_weights=True)
+                attention.append(weights)  # (..., H, T, T_total)
+            else:
+                x = block.forward(x, mask, layer_cache)
+        logits = self.norm(x) @ self.W_out  # (..., T, V)
+        return (logits, np.stack(attention)) if return_attention else logits
+
+    def __call__(self, tokens, cache: KVCache | None = None) -> np.ndarray:
+        """``model(tokens, cache=None) -> logits (..., T, V)``, as ``greedy_decode`` wants."""
+        return self.forward(tokens, cache)

@@ -21,7 +21,7 @@ import tracemalloc
 
 import numpy as np
 
-from ._checks import as_float_array, check_positive_int, check_scale
+from ._checks import as_float_array, broadcasts_to, check_mask, check_positive_int, check_scale
 from .attention import check_attention_inputs
 from .training.functional import sum_to_shape
 
@@ -433,27 +433,14 @@ def _check_tiled_options(q, k, batch, causal, key_lengths, window, mask, scale, 
             raise TypeError(f"key_lengths must be integers; got dtype {key_lengths.dtype}")
         if key_lengths.size and (key_lengths.min() < 0 or key_lengths.max() > Tk):
             raise ValueError(f"key_lengths must be in [0, Tk={Tk}]; got {key_lengths.tolist()}")
-        if not _broadcasts_to(key_lengths.shape, batch):
+        if not broadcasts_to(key_lengths.shape, batch):
             raise ValueError(f"key_lengths must hold one count per sequence, shape {batch} "
                              f"(the batch shape of q, k, v); got shape {key_lengths.shape}")
         key_lengths = key_lengths[..., None, None]  # (..., 1, 1) against a tile
     if mask is not None:
-        mask = np.asarray(mask)
-        if mask.dtype != bool:
-            raise TypeError(f"mask must be boolean (True = may attend); got {mask.dtype}")
+        mask = check_mask(mask, (*batch, Tq, Tk), may_add_dims=False)
         mask = mask.reshape((1,) * max(0, 2 - mask.ndim) + mask.shape)  # (Tk,) -> (1, Tk)
-        if not _broadcasts_to(mask.shape, (*batch, Tq, Tk)):
-            raise ValueError(f"mask of shape {mask.shape} must broadcast to (..., Tq, Tk) = "
-                             f"{(*batch, Tq, Tk)} without adding dimensions")
     return block_q, block_k, window, key_lengths, mask, scale
-
-
-def _broadcasts_to(shape, target) -> bool:
-    """Whether an array of ``shape`` broadcasts to ``target`` without changing it."""
-    try:
-        return np.broadcast_shapes(shape, target) == tuple(target)
-    except ValueError:
-        return False
 
 
 def _tile_mask(query_positions, k_start, k_end, causal, window, key_lengths, mask,

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, check_positive_int, project
-from .attention import init_linear_weight, scaled_dot_product_attention
+from ._checks import as_float_array, check_mask, check_positive_int, project
+from .attention import (
+    _attend,
+    _attend_by_query_blocks,
+    init_linear_weight,
+    scaled_dot_product_attention,
+)
 from .positional import apply_rope
 
 __all__ = ["split_heads", "merge_heads", "grouped_attention", "MultiHeadAttention"]
@@ -53,11 +59,16 @@ def split_heads(x, num_heads: int) -> np.ndarray:
     """
     x = as_float_array(x, "x", min_ndim=2)
     num_heads = check_positive_int(num_heads, "num_heads")
-    *batch, T, d_model = x.shape
-    if d_model % num_heads != 0:
+    if x.shape[-1] % num_heads != 0:
         raise ValueError(
-            f"d_model={d_model} is not divisible by num_heads={num_heads} (x.shape={x.shape})"
+            f"d_model={x.shape[-1]} is not divisible by num_heads={num_heads} (x.shape={x.shape})"
         )
+    return _split_heads(x, num_heads)
+
+
+def _split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
+    """The kernel of :func:`split_heads` (no checks)."""
+    *batch, T, d_model = x.shape
     x = x.reshape(*batch, T, num_heads, d_model // num_heads)  # (..., T, H, d_head)
     return np.swapaxes(x, -2, -3)  # (..., H, T, d_head)
 
@@ -93,7 +104,11 @@ def merge_heads(x) -> np.ndarray:
     >>> bool((merge_heads(split_heads(x, 4)) == x).all())
     True
     """
-    x = as_float_array(x, "x", min_ndim=3)
+    return _merge_heads(as_float_array(x, "x", min_ndim=3))
+
+
+def _merge_heads(x: np.ndarray) -> np.ndarray:
+    """The kernel of :func:`merge_heads` (no checks)."""
     *batch, num_heads, T, d_head = x.shape
     x = np.swapaxes(x, -2, -3)  # (..., T, H, d_head)
     return x.reshape(*batch, T, num_heads * d_head)
@@ -155,25 +170,63 @@ def grouped_attention(q, k, v, mask=None, *, scale=None):
                          f"(q.shape={q.shape}, k.shape={k.shape})")
     if H == H_kv:
         return scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
-    group = H // H_kv
-    *batch, _, Tq, d = q.shape
-    q_grouped = q.reshape(*batch, H_kv, group, Tq, d)  # (..., H_kv, group, Tq, d)
     if mask is not None:
         mask = np.asarray(mask)
-        given_shape = mask.shape
+        Tq, Tk = q.shape[-2], k.shape[-2]
+        padded = (1,) * max(0, 3 - mask.ndim) + mask.shape
+        if not all(size in (1, full) for size, full in zip(padded[-3:], (H, Tq, Tk))):
+            raise ValueError(f"mask of shape {mask.shape} does not broadcast to the scores' "
+                             f"shape (..., H, Tq, Tk) = (..., {H}, {Tq}, {Tk})")
+    # The grouped view's shapes are checked by scaled_dot_product_attention.
+    q_grouped, k_grouped, v_grouped, mask_grouped = _group_query_heads(q, k, v, mask)
+    output, weights = scaled_dot_product_attention(q_grouped, k_grouped, v_grouped,
+                                                   mask=mask_grouped, scale=scale)
+    return _ungroup(output, H), _ungroup(weights, H)
+
+
+def _group_query_heads(q, k, v, mask):
+    """View the H query heads as (H_kv, group), and give k, v and the mask a group axis.
+
+    No data is copied: each key/value head broadcasts against its ``group`` query heads.
+
+    Shapes
+    ------
+    q : (..., H, Tq, d), k : (..., H_kv, Tk, d), v : (..., H_kv, Tk, d_v), mask : (..., H|1,
+    Tq, Tk) -> q (..., H_kv, group, Tq, d), k (..., H_kv, 1, Tk, d), v (..., H_kv, 1, Tk,
+    d_v), mask (..., H_kv|1, group|1, Tq, Tk)
+    """
+    H, H_kv = q.shape[-3], k.shape[-3]
+    group = H // H_kv
+    q_grouped = q.reshape(*q.shape[:-3], H_kv, group, *q.shape[-2:])
+    if mask is not None:
         mask = mask.reshape((1,) * max(0, 3 - mask.ndim) + mask.shape)  # (..., H|1, Tq, Tk)
-        heads_axis = mask.shape[-3]
-        expected = (H, Tq, k.shape[-2])
-        if not all(size in (1, full) for size, full in zip(mask.shape[-3:], expected)):
-            raise ValueError(f"mask of shape {given_shape} does not broadcast to the scores' "
-                             f"shape (..., H, Tq, Tk) = (..., {H}, {Tq}, {k.shape[-2]})")
-        mask = mask.reshape(*mask.shape[:-3], heads_axis // group if heads_axis == H else 1,
-                            group if heads_axis == H else 1, *mask.shape[-2:])
-    output, weights = scaled_dot_product_attention(
-        q_grouped, k[..., None, :, :], v[..., None, :, :], mask=mask, scale=scale)
-    Tk = k.shape[-2]
-    return (output.reshape(*output.shape[:-4], H, Tq, output.shape[-1]),
-            weights.reshape(*weights.shape[:-4], H, Tq, Tk))
+        by_head = mask.shape[-3] == H
+        mask = mask.reshape(*mask.shape[:-3], H_kv if by_head else 1, group if by_head else 1,
+                            *mask.shape[-2:])
+    return q_grouped, k[..., None, :, :], v[..., None, :, :], mask
+
+
+def _ungroup(x: np.ndarray, num_heads: int) -> np.ndarray:
+    """(..., H_kv, group, T, n) -> (..., H, T, n): the inverse of the grouped view."""
+    return x.reshape(*x.shape[:-4], num_heads, *x.shape[-2:])
+
+
+def _grouped_attention(q, k, v, mask, scale: float, need_weights: bool = True):
+    """The kernel of :func:`grouped_attention`; without the weights (None) if
+    ``need_weights`` is False, computed a block of queries at a time then, so the
+    (..., H, Tq, Tk) weights are never stored whole."""
+    H = q.shape[-3]
+    grouped = H != k.shape[-3]
+    if grouped:
+        q, k, v, mask = _group_query_heads(q, k, v, mask)
+    if need_weights:
+        output, weights = _attend(q, k, v, scale, mask)
+    else:
+        output, weights = _attend_by_query_blocks(q, k, v, scale, mask), None
+    if grouped:
+        output = _ungroup(output, H)
+        weights = None if weights is None else _ungroup(weights, H)
+    return output, weights
 
 
 def _heads_mask(mask):
@@ -330,13 +383,23 @@ class MultiHeadAttention:
             num_heads=num_heads, num_kv_heads=num_kv_heads,
         )
 
-    def __call__(self, x, context=None, mask=None, cache=None):
+    def __call__(self, x, context=None, mask=None, cache=None, *, need_weights: bool = True):
         """Attend from ``x`` to ``context`` (to ``x`` itself if ``context`` is None).
 
-        With ``cache`` (a :class:`~attention_lib.cache.LayerCache`, self-attention only), the
-        keys and values of ``x`` are appended to the cache and the queries attend to every
-        cached position; ``mask`` must then cover all of them, ``(..., Tq, cache length)``.
+        Checks the inputs, then runs :meth:`forward`. With ``cache`` (a
+        :class:`~attention_lib.cache.LayerCache`, self-attention only), the keys and values
+        of ``x`` are appended to the cache and the queries attend to every cached position;
+        ``mask`` must then cover all of them, ``(..., Tq, cache length)``. With
+        ``need_weights=False`` the weights are not returned (None) and never stored whole:
+        the output is computed a block of queries at a time (equal to the default path up to
+        rounding).
         """
+        x, context, mask = self.check_inputs(x, context, mask, cache)
+        return self.forward(x, context, mask, cache, need_weights=need_weights)
+
+    def check_inputs(self, x, context=None, mask=None, cache=None):
+        """Return ``x``, ``context`` and ``mask`` as arrays :meth:`forward` can trust, or raise
+        an error that names the argument and the shapes."""
         x = as_float_array(x, "x", min_ndim=2)
         context = x if context is None else as_float_array(context, "context", min_ndim=2)
         for name, array in (("x", x), ("context", context)):
@@ -345,33 +408,39 @@ class MultiHeadAttention:
                     f"{name} has {array.shape[-1]} features but the layer has "
                     f"d_model={self.d_model} ({name}.shape={array.shape})"
                 )
+            if not np.isfinite(array).all():
+                raise ValueError(f"{name} contains NaN or inf (shape {array.shape})")
+        if cache is not None and context is not x:
+            raise ValueError("a KV cache is for self-attention; pass context=None with cache")
         if mask is not None:
-            mask = np.asarray(mask)
             Tk = context.shape[-2] + (0 if cache is None else cache.length)
             scores_shape = (*np.broadcast_shapes(x.shape[:-2], context.shape[:-2]),
                             x.shape[-2], Tk)
-            try:
-                fits = np.broadcast_shapes(mask.shape, scores_shape) == scores_shape
-            except ValueError:
-                fits = False
-            if not fits:
-                raise ValueError(
-                    f"mask of shape {mask.shape} must broadcast to (..., Tq, Tk) = "
-                    f"{scores_shape} without adding dimensions; it applies to every head, "
-                    "so it has no head axis"
-                )
-        if cache is not None and context is not x:
-            raise ValueError("a KV cache is for self-attention; pass context=None with cache")
-        H, H_kv = self.num_heads, self.num_kv_heads
-        q = split_heads(project(x, self.W_q, self.b_q), H)  # (..., H, Tq, d_head)
-        k = split_heads(project(context, self.W_k, self.b_k), H_kv)  # (..., H_kv, Tk, d_head)
-        v = split_heads(project(context, self.W_v, self.b_v), H_kv)  # (..., H_kv, Tk, d_head)
+            mask = check_mask(mask, scores_shape, may_add_dims=False)
+        return x, context, mask
+
+    def forward(self, x, context=None, mask=None, cache=None, *, need_weights: bool = True):
+        """Multi-head attention on inputs already checked (by :meth:`check_inputs`, or by a
+        block that checked its own): the blocks call this, not ``__call__``."""
+        context = x if context is None else context
+        # 1. Project, then cut the features into heads (chapter 06).
+        q = _split_heads(project(x, self.W_q, self.b_q), self.num_heads)  # (..., H, Tq, d_head)
+        k = _split_heads(project(context, self.W_k, self.b_k), self.num_kv_heads)
+        v = _split_heads(project(context, self.W_v, self.b_v), self.num_kv_heads)
+        # k, v : (..., H_kv, Tk, d_head)
+        # 2. Positions: rotate queries and keys by their position (RoPE, chapter 07).
+        start = 0 if cache is None else cache.length  # position of the first new token
         if self.rope_base is not None:
-            start = 0 if cache is None else cache.length  # position of the first new token
             q = apply_rope(q, start + np.arange(q.shape[-2]), base=self.rope_base)
             k = apply_rope(k, start + np.arange(k.shape[-2]), base=self.rope_base)
+        # 3. Cache: keep the new keys and values, attend to every cached one (chapter 10).
         if cache is not None:
             k, v = cache.append(k, v)  # (..., H_kv, cached + Tq, d_head)
-        heads, weights = grouped_attention(q, k, v, mask=_heads_mask(mask))
-        output = project(merge_heads(heads), self.W_o, self.b_o)  # (..., Tq, d_model)
+        # 4. Attend in every head at once; with fewer key/value heads, each serves a group
+        #    of query heads (chapter 11).
+        heads, weights = _grouped_attention(q, k, v, _heads_mask(mask),
+                                            1.0 / math.sqrt(q.shape[-1]),
+                                            need_weights)  # (..., H, Tq, d_head)
+        # 5. Concatenate the heads and mix them (chapter 06).
+        output = project(_merge_heads(heads), self.W_o, self.b_o)  # (..., Tq, d_model)
         return output, weights

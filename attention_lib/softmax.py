@@ -9,31 +9,65 @@ from ._checks import as_float_array, check_axis
 __all__ = ["softmax", "log_softmax", "softmax_jacobian"]
 
 
-def _shifted_logits(x, axis: int, caller: str) -> tuple[np.ndarray, int]:
-    """Check ``x`` and return ``x`` minus each row's maximum (a new array), and the axis.
+def _check_logits(x, axis: int, caller: str) -> tuple[np.ndarray, int]:
+    """Return ``x`` as a float array and ``axis`` as an index, or raise naming ``caller``.
 
-    After the shift the largest logit of every row is 0, so no ``exp`` can overflow. Rows
-    whose logits are all ``-inf`` are shifted by 0 instead (their maximum is ``-inf`` and
-    ``-inf - -inf`` is NaN); the callers give such rows zero weight. ``caller`` names the
-    calling function in error messages.
+    The public functions check here, once; the kernels below trust their input.
     """
     x = as_float_array(x, "x", min_ndim=1)
     axis = check_axis(axis, x.ndim, "x")
     if x.shape[axis] == 0:
         raise ValueError(f"x has size 0 along axis {axis} (shape {x.shape}); nothing to normalize")
-    row_max = np.max(x, axis=axis, keepdims=True)
     # The maximum is NaN if the row holds a NaN and +inf if it holds +inf: checking the
     # (small) array of maxima checks every entry.
+    row_max = np.max(x, axis=axis)
     if np.isnan(row_max).any() or np.isposinf(row_max).any():
         raise ValueError(
             f"x contains NaN or +inf (shape {x.shape}); {caller} is defined for finite "
             "logits and -inf"
         )
-    row_max[np.isneginf(row_max)] = 0
+    return x, axis
+
+
+def _row_max(x: np.ndarray, axis: int) -> np.ndarray:
+    """Each row's maximum (kept as an axis of size 1), with 0 for a row that is all ``-inf``.
+
+    Subtracting it leaves the largest logit of every row at 0, so no ``exp`` can overflow.
+    A row of ``-inf`` is shifted by 0 instead (``-inf - -inf`` is NaN); the callers give such
+    rows zero weight.
+    """
+    row_max = np.max(x, axis=axis, keepdims=True)
+    if not np.isfinite(row_max).all():  # only rows of -inf (fully masked) get here
+        row_max[np.isneginf(row_max)] = 0
+    return row_max
+
+
+def _shift_by_row_max(x: np.ndarray, axis: int, row_max=None,
+                      out: np.ndarray | None = None) -> np.ndarray:
+    """``x`` minus each row's maximum (into ``out``, a new array if None). Kernel: no checks."""
+    row_max = _row_max(x, axis) if row_max is None else row_max
     # Logits spread wider than the float range (1e308 and -1e308) overflow to -inf here,
     # which is right: their weight underflows to 0 anyway.
     with np.errstate(over="ignore"):
-        return np.subtract(x, row_max, dtype=x.dtype), axis
+        if out is None:
+            return np.subtract(x, row_max, dtype=x.dtype)
+        return np.subtract(x, row_max, out=out)
+
+
+def _softmax_in_place(scores: np.ndarray, axis: int = -1, row_max=None) -> np.ndarray:
+    """The kernel of :func:`softmax`: overwrite ``scores`` with their softmax and return it.
+
+    It trusts its input (a float array of finite scores and ``-inf``, as attention makes
+    after checking its own inputs) and checks nothing; call :func:`softmax` on anything
+    else. ``row_max`` may be given if the caller has it (from :func:`_row_max`).
+    """
+    exps = _shift_by_row_max(scores, axis, row_max, out=scores)
+    np.exp(exps, out=exps)
+    sums = np.sum(exps, axis=axis, keepdims=True)
+    if not sums.all():
+        sums[sums == 0] = 1  # an all -inf row has exps == 0, so it stays 0
+    exps /= sums
+    return exps
 
 
 def softmax(x, axis: int = -1) -> np.ndarray:
@@ -83,12 +117,8 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     >>> softmax([1.0, 2.0, 3.0]).round(4)
     array([0.09  , 0.2447, 0.6652])
     """
-    exps, axis = _shifted_logits(x, axis, "softmax")
-    np.exp(exps, out=exps)  # in place: the shifted logits are a fresh array
-    sums = np.sum(exps, axis=axis, keepdims=True)
-    sums[sums == 0] = 1  # an all -inf row has exps == 0, so it stays 0
-    exps /= sums
-    return exps
+    x, axis = _check_logits(x, axis, "softmax")
+    return _softmax_in_place(x.copy(), axis)
 
 
 def log_softmax(x, axis: int = -1) -> np.ndarray:
@@ -131,7 +161,8 @@ def log_softmax(x, axis: int = -1) -> np.ndarray:
     >>> log_softmax([0.0, 0.0]).round(4)
     array([-0.6931, -0.6931])
     """
-    shifted, axis = _shifted_logits(x, axis, "log_softmax")
+    x, axis = _check_logits(x, axis, "log_softmax")
+    shifted = _shift_by_row_max(x, axis)
     sums = np.sum(np.exp(shifted), axis=axis, keepdims=True)
     has_mass = sums > 0
     log_sums = np.log(np.where(has_mass, sums, 1)).astype(shifted.dtype)

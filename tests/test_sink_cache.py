@@ -53,7 +53,7 @@ def tiny_decoder(seed=0, dtype=np.float64) -> SmolLM2:
                                    norm1=RMSNorm(np.ones(d, dtype), 1e-5),
                                    norm2=RMSNorm(np.ones(d, dtype), 1e-5), norm_first=True))
     embedding = rng.normal(size=(vocab, d)).astype(dtype)
-    return SmolLM2(config, embedding, blocks, RMSNorm(np.ones(d, dtype), 1e-5), embedding.T)
+    return SmolLM2(embedding, blocks, RMSNorm(np.ones(d, dtype), 1e-5), embedding.T, config)
 
 
 def reference_stream(model: SmolLM2, ids, num_sinks: int, window: int) -> np.ndarray:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._checks import check_positive_int
+from .._checks import check_positive_int, check_token_ids
 from ..blocks import EncoderBlock
 from ..layers import FeedForward, LayerNorm
 from ..masks import padding_mask
@@ -194,10 +194,7 @@ class MiniLM:
         x = self.embed(token_ids)
         all_weights = []
         for block in self.blocks:
-            # EncoderBlock.__call__ with norm_first=False, written out to keep the weights.
-            attended, weights = block.self_attn(x, mask=mask)  # weights (..., H, T, T)
-            x = block.norm1(x + attended)
-            x = block.norm2(x + block.ff(x))
+            x, weights = block.forward(x, mask, return_weights=True)  # weights (..., H, T, T)
             all_weights.append(weights)
         return x, np.stack(all_weights)
 
@@ -281,19 +278,10 @@ class MiniLM:
         return sentences
 
     def _check_ids(self, token_ids) -> np.ndarray:
-        token_ids = np.asarray(token_ids)
-        if not np.issubdtype(token_ids.dtype, np.integer):
-            raise TypeError(f"token_ids must be integer ids; got dtype {token_ids.dtype}")
-        if token_ids.ndim < 1 or token_ids.shape[-1] < 1:
-            raise ValueError(f"token_ids must have shape (..., T) with T >= 1; got "
-                             f"{token_ids.shape}")
+        token_ids = check_token_ids(token_ids, self.word_embeddings.shape[0], "token_ids")
         if token_ids.shape[-1] > self.max_positions:
             raise ValueError(f"token_ids has T={token_ids.shape[-1]} tokens but the model has "
                              f"only {self.max_positions} positions")
-        vocab_size = self.word_embeddings.shape[0]
-        if token_ids.min() < 0 or token_ids.max() >= vocab_size:
-            raise ValueError(f"token_ids must be in [0, {vocab_size}); got min "
-                             f"{token_ids.min()}, max {token_ids.max()}")
         return token_ids
 
 

@@ -370,7 +370,7 @@ def quantize_model(model: SmolLM2, ggml_type: str) -> tuple[SmolLM2, int]:
             ff=dataclasses.replace(ff, W_gate=matrix(ff.W_gate), W_up=matrix(ff.W_up),
                                    W_down=matrix(ff.W_down)),
             norm1=norm(block.norm1), norm2=norm(block.norm2)))
-    quantized = SmolLM2(model.config, embedding, blocks, norm(model.norm), W_out)
+    quantized = SmolLM2(embedding, blocks, norm(model.norm), W_out, model.config)
     return quantized, nbytes
 
 

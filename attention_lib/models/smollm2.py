@@ -21,10 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..blocks import EncoderBlock
+from ..blocks import DecoderOnlyLM, EncoderBlock
 from ..cache import KVCache, SinkCache
 from ..layers import GatedFeedForward, RMSNorm
-from ..masks import causal_mask
 from ..multihead import MultiHeadAttention
 from .gguf import GGUFFile, read_gguf
 from .weights import install_command, package_dir, verified_file
@@ -173,7 +172,7 @@ def _block_from_gguf(gguf: GGUFFile, index: int, config: SmolLM2Config,
 
 
 @dataclass
-class SmolLM2:
+class SmolLM2(DecoderOnlyLM):
     """A Llama-style decoder-only language model made of the library's blocks.
 
     ``logits = RMSNorm(blocks(embedding[tokens])) @ W_out``: token embeddings (no scaling and
@@ -182,9 +181,12 @@ class SmolLM2:
     a final RMSNorm, and the output projection, which for SmolLM2 is the embedding matrix
     itself (tied: ``W_out = embedding.T``, a view, no copy).
 
+    It is a :class:`~attention_lib.blocks.DecoderOnlyLM` (chapter 10's model, whose
+    ``forward`` it runs) with a configuration, a loader, and :meth:`embed` that adds no
+    positions.
+
     Attributes
     ----------
-    config : SmolLM2Config
     embedding : numpy.ndarray
         ``(V, d_model)``.
     blocks : list of EncoderBlock
@@ -195,6 +197,7 @@ class SmolLM2:
         The final norm.
     W_out : numpy.ndarray
         ``(d_model, V)``.
+    config : SmolLM2Config
 
     Shapes
     ------
@@ -209,10 +212,6 @@ class SmolLM2:
     """
 
     config: SmolLM2Config
-    embedding: np.ndarray
-    blocks: list[EncoderBlock]
-    norm: RMSNorm
-    W_out: np.ndarray
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile, dtype=np.float32) -> SmolLM2:
@@ -229,7 +228,7 @@ class SmolLM2:
         blocks = [_block_from_gguf(gguf, index, config, dtype)
                   for index in range(config.num_layers)]
         norm = RMSNorm(gguf.tensor("output_norm.weight", dtype), config.rms_eps)
-        return cls(config, embedding, blocks, norm, W_out)
+        return cls(embedding, blocks, norm, W_out, config)
 
     @property
     def num_parameters(self) -> int:
@@ -264,52 +263,9 @@ class SmolLM2:
                              f"model's context length {c.context_length}")
         return cache
 
-    def _check_tokens(self, tokens) -> np.ndarray:
-        tokens = np.asarray(tokens)
-        if not np.issubdtype(tokens.dtype, np.integer):
-            raise TypeError(f"tokens must be integer ids; got dtype {tokens.dtype}")
-        if tokens.ndim < 1 or tokens.shape[-1] < 1:
-            raise ValueError(f"tokens must have shape (..., T) with T >= 1; got {tokens.shape}")
-        if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
-            raise ValueError(f"tokens must be ids in [0, {self.config.vocab_size}); got min "
-                             f"{tokens.min()}, max {tokens.max()}")
-        return tokens
-
-    def forward(self, tokens, cache: KVCache | None = None, *, return_attention: bool = False):
-        """Logits for every position; with ``return_attention``, also every layer's weights.
-
-        With ``cache``, ``tokens`` are the new positions only: their keys and values are
-        appended to the cache and they attend to everything cached before them.
-
-        Returns
-        -------
-        logits : numpy.ndarray
-            ``(..., T, V)``.
-        attention : numpy.ndarray, only if ``return_attention``
-            ``(num_layers, ..., H, T, T_total)`` where ``T_total`` counts cached positions.
-        """
-        tokens = self._check_tokens(tokens)
-        start = 0 if cache is None else cache.length
-        T = tokens.shape[-1]
-        x = self.embedding[tokens]  # (..., T, d_model); positions come from RoPE
-        mask = causal_mask(T, start + T)  # new queries see every earlier position
-        attention = []
-        for index, block in enumerate(self.blocks):
-            layer_cache = None if cache is None else cache.layer(index)
-            if not return_attention:
-                x = block(x, mask=mask, cache=layer_cache)
-                continue
-            # EncoderBlock's pre-norm path written out, to keep the attention weights.
-            out, weights = block.self_attn(block.norm1(x), mask=mask, cache=layer_cache)
-            x = x + out
-            x = x + block.ff(block.norm2(x))
-            attention.append(weights)  # (..., H, T, T_total)
-        logits = self.norm(x) @ self.W_out  # (..., T, V)
-        return (logits, np.stack(attention)) if return_attention else logits
-
-    def __call__(self, tokens, cache: KVCache | None = None) -> np.ndarray:
-        """``model(tokens, cache=None) -> logits (..., T, V)``, as ``greedy_decode`` wants."""
-        return self.forward(tokens, cache)
+    def embed(self, tokens, start: int = 0) -> np.ndarray:
+        """The token vectors alone: positions enter through RoPE in every attention layer."""
+        return self.embedding[tokens]  # (..., T, d_model)
 
 
 class SmolLM2Tokenizer:

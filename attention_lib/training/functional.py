@@ -20,7 +20,7 @@ import math
 import numpy as np
 from scipy.special import erf
 
-from .._checks import as_float_array
+from .._checks import as_float_array, check_token_ids
 from ..attention import scaled_dot_product_attention
 from ..layers import ACTIVATIONS
 from ..multihead import _heads_mask, merge_heads, split_heads
@@ -585,12 +585,7 @@ def embedding_forward(embedding, tokens):
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    tokens = np.asarray(tokens)
-    if not np.issubdtype(tokens.dtype, np.integer):
-        raise TypeError(f"tokens must be integer ids; got dtype {tokens.dtype}")
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= embedding.shape[0]):
-        raise ValueError(f"tokens must be ids in [0, {embedding.shape[0]}); got min "
-                         f"{tokens.min()}, max {tokens.max()}")
+    tokens = check_token_ids(tokens, embedding.shape[0])
     return embedding[tokens], (tokens, embedding.shape)
 
 
