@@ -15,6 +15,8 @@ def as_float_array(x, name: str, *, min_ndim: int = 0) -> np.ndarray:
     ``min_ndim`` dimensions; both messages name the argument and its shape.
     """
     array = np.asarray(x)
+    if array.dtype.kind == "f" and array.ndim >= min_ndim:  # the common case, checked fast
+        return array
     if array.dtype == bool or np.issubdtype(array.dtype, np.integer):
         array = array.astype(np.float64)
     elif not np.issubdtype(array.dtype, np.floating):
@@ -111,6 +113,8 @@ def project(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.nda
     NumPy runs ``(B, T, d) @ (d, e)`` as B separate products; folding the leading axes
     into one gives BLAS a single large product, several times faster for big batches.
     """
-    leading = x.shape[:-1]
-    y = (x.reshape(-1, x.shape[-1]) @ W).reshape(*leading, W.shape[-1])
+    if x.ndim <= 2 or x.shape[0] == 1 and x.ndim == 3:  # already one product
+        y = x @ W
+    else:
+        y = (x.reshape(-1, x.shape[-1]) @ W).reshape(*x.shape[:-1], W.shape[-1])
     return y if b is None else y + b

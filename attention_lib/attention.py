@@ -181,20 +181,20 @@ def _attend(q, k, v, scale: float, mask=None, bias=None):
     """
     # Scaling q (Tq x d_k multiplications) rather than the scores (Tq x Tk) is cheaper
     # when d_k < Tk, the usual case; both give the same scores up to rounding.
-    with np.errstate(over="ignore", invalid="ignore"):  # checked below, by name
-        scores = (q * scale) @ np.swapaxes(k, -1, -2)  # (..., Tq, Tk)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked below, by name
+        scores = (q * scale) @ k.swapaxes(-1, -2)  # (..., Tq, Tk)
         if bias is not None:
             scores = np.add(scores, bias, dtype=scores.dtype)
-    if mask is not None:
-        if np.broadcast_shapes(mask.shape, scores.shape) == scores.shape:
-            np.copyto(scores, -np.inf, where=np.logical_not(mask))  # in place
-        else:  # the mask adds batch dimensions
-            scores = np.where(mask, scores, -np.inf).astype(scores.dtype, copy=False)
-    row_max = np.max(scores, axis=-1, keepdims=True)  # (..., Tq, 1)
-    if not np.isfinite(row_max).all():  # fully masked rows, or an overflow
-        _raise_if_overflowed(row_max, q, k, scale, mask, bias)
-        row_max[np.isneginf(row_max)] = 0
-    weights = _softmax_in_place(scores, row_max=row_max)  # (..., Tq, Tk)
+        if mask is not None:
+            if np.broadcast_shapes(mask.shape, scores.shape) == scores.shape:
+                np.copyto(scores, -np.inf, where=np.logical_not(mask))  # in place
+            else:  # the mask adds batch dimensions
+                scores = np.where(mask, scores, -np.inf).astype(scores.dtype, copy=False)
+        row_max = scores.max(axis=-1, keepdims=True)  # (..., Tq, 1)
+        if not np.isfinite(row_max).all():  # fully masked rows, or an overflow
+            _raise_if_overflowed(row_max, q, k, scale, mask, bias)
+            row_max[np.isneginf(row_max)] = 0
+        weights = _softmax_in_place(scores, row_max=row_max)  # (..., Tq, Tk)
     return weights @ v, weights  # (..., Tq, d_v)
 
 

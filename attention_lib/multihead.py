@@ -70,7 +70,7 @@ def _split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
     """The kernel of :func:`split_heads` (no checks)."""
     *batch, T, d_model = x.shape
     x = x.reshape(*batch, T, num_heads, d_model // num_heads)  # (..., T, H, d_head)
-    return np.swapaxes(x, -2, -3)  # (..., H, T, d_head)
+    return x.swapaxes(-2, -3)  # (..., H, T, d_head)
 
 
 def merge_heads(x) -> np.ndarray:
@@ -110,7 +110,7 @@ def merge_heads(x) -> np.ndarray:
 def _merge_heads(x: np.ndarray) -> np.ndarray:
     """The kernel of :func:`merge_heads` (no checks)."""
     *batch, num_heads, T, d_head = x.shape
-    x = np.swapaxes(x, -2, -3)  # (..., T, H, d_head)
+    x = x.swapaxes(-2, -3)  # (..., T, H, d_head)
     return x.reshape(*batch, T, num_heads * d_head)
 
 

@@ -36,7 +36,7 @@ def _row_max(x: np.ndarray, axis: int) -> np.ndarray:
     A row of ``-inf`` is shifted by 0 instead (``-inf - -inf`` is NaN); the callers give such
     rows zero weight.
     """
-    row_max = np.max(x, axis=axis, keepdims=True)
+    row_max = x.max(axis=axis, keepdims=True)
     if not np.isfinite(row_max).all():  # only rows of -inf (fully masked) get here
         row_max[np.isneginf(row_max)] = 0
     return row_max
@@ -44,14 +44,16 @@ def _row_max(x: np.ndarray, axis: int) -> np.ndarray:
 
 def _shift_by_row_max(x: np.ndarray, axis: int, row_max=None,
                       out: np.ndarray | None = None) -> np.ndarray:
-    """``x`` minus each row's maximum (into ``out``, a new array if None). Kernel: no checks."""
+    """``x`` minus each row's maximum (into ``out``, a new array if None). Kernel: no checks.
+
+    Logits spread wider than the float range (1e308 and -1e308) overflow to -inf here, which
+    is right (their weight underflows to 0 anyway): call it under
+    ``np.errstate(over="ignore")``, so that this overflow is silent.
+    """
     row_max = _row_max(x, axis) if row_max is None else row_max
-    # Logits spread wider than the float range (1e308 and -1e308) overflow to -inf here,
-    # which is right: their weight underflows to 0 anyway.
-    with np.errstate(over="ignore"):
-        if out is None:
-            return np.subtract(x, row_max, dtype=x.dtype)
-        return np.subtract(x, row_max, out=out)
+    if out is None:
+        return np.subtract(x, row_max, dtype=x.dtype)
+    return np.subtract(x, row_max, out=out)
 
 
 def _softmax_in_place(scores: np.ndarray, axis: int = -1, row_max=None) -> np.ndarray:
@@ -59,11 +61,12 @@ def _softmax_in_place(scores: np.ndarray, axis: int = -1, row_max=None) -> np.nd
 
     It trusts its input (a float array of finite scores and ``-inf``, as attention makes
     after checking its own inputs) and checks nothing; call :func:`softmax` on anything
-    else. ``row_max`` may be given if the caller has it (from :func:`_row_max`).
+    else. ``row_max`` may be given if the caller has it (from :func:`_row_max`). Call it
+    under ``np.errstate(over="ignore")`` (see :func:`_shift_by_row_max`).
     """
     exps = _shift_by_row_max(scores, axis, row_max, out=scores)
     np.exp(exps, out=exps)
-    sums = np.sum(exps, axis=axis, keepdims=True)
+    sums = exps.sum(axis=axis, keepdims=True)
     if not sums.all():
         sums[sums == 0] = 1  # an all -inf row has exps == 0, so it stays 0
     exps /= sums
@@ -118,7 +121,8 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     array([0.09  , 0.2447, 0.6652])
     """
     x, axis = _check_logits(x, axis, "softmax")
-    return _softmax_in_place(x.copy(), axis)
+    with np.errstate(over="ignore"):
+        return _softmax_in_place(x.copy(), axis)
 
 
 def log_softmax(x, axis: int = -1) -> np.ndarray:
@@ -162,7 +166,8 @@ def log_softmax(x, axis: int = -1) -> np.ndarray:
     array([-0.6931, -0.6931])
     """
     x, axis = _check_logits(x, axis, "log_softmax")
-    shifted = _shift_by_row_max(x, axis)
+    with np.errstate(over="ignore"):
+        shifted = _shift_by_row_max(x, axis)
     sums = np.sum(np.exp(shifted), axis=axis, keepdims=True)
     has_mass = sums > 0
     log_sums = np.log(np.where(has_mass, sums, 1)).astype(shifted.dtype)
