@@ -4,6 +4,7 @@ self-attention with learned projections (chapter 05)."""
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -240,8 +241,9 @@ def _attend_by_query_blocks(q, k, v, scale: float, mask=None, bias=None,
     """The output of :func:`_attend` without its weights, ``block_q`` queries at a time.
 
     Each block of queries sees every key, so its softmax is the exact one: no running
-    maximum is needed (chapter 11's tiled attention also splits the keys). Only one
-    block's (..., block_q, Tk) weights exist at a time instead of all (..., Tq, Tk).
+    maximum is needed (chapter 11's tiled attention also splits the keys). Only the blocks
+    in flight hold their (..., block_q, Tk) weights, never all (..., Tq, Tk). The blocks are
+    independent, so they run on as many threads as BLAS has (see :func:`_run_on_threads`).
     """
     Tq = q.shape[-2]
     if Tq <= block_q:
@@ -249,12 +251,39 @@ def _attend_by_query_blocks(q, k, v, scale: float, mask=None, bias=None,
     # Every block reads all of k and v: lay them out contiguously once (the heads' views
     # from split_heads are strided), not once per block inside matmul.
     k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
-    outputs = []
-    for start in range(0, Tq, block_q):
+
+    def block(start: int) -> np.ndarray:  # (..., block_q, d_v)
         rows = slice(start, start + block_q)
-        outputs.append(_attend(q[..., rows, :], k, v, scale, _query_rows(mask, rows),
-                               _query_rows(bias, rows))[0])  # (..., block_q, d_v)
-    return np.concatenate(outputs, axis=-2)  # (..., Tq, d_v)
+        return _attend(q[..., rows, :], k, v, scale, _query_rows(mask, rows),
+                       _query_rows(bias, rows))[0]
+
+    return np.concatenate(_run_on_threads(block, range(0, Tq, block_q)), axis=-2)
+
+
+_blas = None  # threadpoolctl's view of the BLAS library, made on first use
+
+
+def _run_on_threads(function, items) -> list:
+    """``[function(item) for item in items]``, on as many threads as BLAS is allowed.
+
+    NumPy's element-wise functions (the softmax's ``exp``, ``max``, ``sum``) run on one
+    core, while BLAS spreads each matrix product over all of them. Here the items go to a
+    pool of threads instead (NumPy releases the GIL inside its loops), each BLAS call
+    limited to one thread meanwhile so that the threads do not compete for the cores. The
+    limit is process-wide while the pool runs.
+    """
+    global _blas
+    items = list(items)
+    if _blas is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas = ThreadpoolController()
+    threads = max((library["num_threads"] for library in _blas.info()
+                   if library["user_api"] == "blas"), default=1)
+    if threads == 1 or len(items) == 1:
+        return [function(item) for item in items]
+    with _blas.limit(limits=1, user_api="blas"), ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(function, items))
 
 
 def init_linear_weight(d_in: int, d_out: int, rng: np.random.Generator,

@@ -37,5 +37,5 @@ echo "== pytest"
 # configuration (tests/test_binder_env.py): stored outputs must hold under both.
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # loadfile keeps each notebook's cells (and the site tests) on one worker.
-.venv/bin/python -m pytest -n 2 --dist loadfile \
+.venv/bin/python -m pytest -n 2 --dist loadfile --durations=25 \
     --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg "$@"

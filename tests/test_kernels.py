@@ -142,3 +142,37 @@ def test_the_softmax_kernel_gives_what_the_checked_softmax_gives():
     x[1] = -np.inf
     x[2, :3] = -np.inf
     np.testing.assert_array_equal(_softmax_in_place(x.copy()), softmax(x))
+
+
+def test_query_blocks_on_two_threads_give_the_serial_result_and_restore_blas():
+    # The test command runs BLAS on one thread, where the blocks run serially; allow two, so
+    # that the thread pool runs, with BLAS limited to one thread per block meanwhile.
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from attention_lib import attention
+
+    rng = np.random.default_rng(10)
+    q, k, v = rng.normal(size=(2, 3, 700, 8)), rng.normal(size=(2, 3, 500, 8)), \
+        rng.normal(size=(2, 3, 500, 6))
+    mask = rng.random((700, 500)) > 0.2
+    expected = _attend(q, k, v, 0.4, mask)[0]
+    seen = []
+    with threadpool_limits(limits=2, user_api="blas"):
+        original = attention._attend
+
+        def spy(*args):
+            seen.append([lib["num_threads"] for lib in threadpool_info()
+                         if lib["user_api"] == "blas"])
+            return original(*args)
+
+        attention._attend = spy
+        try:
+            got = attention._attend_by_query_blocks(q, k, v, 0.4, mask, block_q=128)
+        finally:
+            attention._attend = original
+        after = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-13)
+    # 6 blocks, each computed while every BLAS library (NumPy's, and SciPy's if loaded) has
+    # one thread; the limit is lifted when the pool is done.
+    assert len(seen) == 6 and all(set(threads) == {1} for threads in seen), seen
+    assert set(after) == {2}, after
