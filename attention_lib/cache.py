@@ -41,8 +41,27 @@ def _check_new_keys_values(storage: np.ndarray, k, v) -> tuple[np.ndarray, np.nd
     return k, v
 
 
+class _PerLayerStore:
+    """What :class:`KVCache` and :class:`SinkCache` share: ``keys`` and ``values`` arrays of
+    shape (num_layers, ..., H_kv, capacity, d_head) and one fill count per layer."""
+
+    @property
+    def length(self) -> int:
+        """Positions held (in every layer; layers are filled one after another in a step)."""
+        return int(self.lengths.max())
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+    def layer(self, index: int) -> LayerCache:
+        """The part of the cache that belongs to layer ``index``."""
+        _check_layer_index(index, len(self.lengths))
+        return LayerCache(self, index)
+
+
 @dataclass
-class KVCache:
+class KVCache(_PerLayerStore):
     """The keys and values every attention layer has computed so far, up to a capacity.
 
     Decoding one token at a time, a layer needs the keys and values of *all* earlier
@@ -99,20 +118,6 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys.shape[-2]
 
-    @property
-    def length(self) -> int:
-        """Positions held (in every layer; layers are filled one after another in a step)."""
-        return int(self.lengths.max())
-
-    @property
-    def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
-
-    def layer(self, index: int) -> LayerCache:
-        """The part of the cache that belongs to layer ``index``."""
-        _check_layer_index(index, len(self.lengths))
-        return LayerCache(self, index)
-
     def append(self, index: int, k, v) -> tuple[np.ndarray, np.ndarray]:
         """Store new keys and values of layer ``index``; return all of that layer's so far."""
         k, v = _check_new_keys_values(self.keys, k, v)
@@ -151,7 +156,7 @@ class LayerCache:
 # ---------------------------------------------------------------------------------------------
 
 @dataclass
-class SinkCache:
+class SinkCache(_PerLayerStore):
     """A KV cache of bounded size: the first ``num_sinks`` positions plus the last ``window``.
 
     StreamingLLM (Xiao et al. 2024): a trained model gives much of its attention to the first
@@ -241,20 +246,6 @@ class SinkCache:
     def capacity(self) -> int:
         """How many positions the cache keeps between steps, ``num_sinks + window``."""
         return self.num_sinks + self.window
-
-    @property
-    def length(self) -> int:
-        """Positions held (in every layer; layers are filled one after another in a step)."""
-        return int(self.lengths.max())
-
-    @property
-    def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
-
-    def layer(self, index: int) -> LayerCache:
-        """The part of the cache that belongs to layer ``index``."""
-        _check_layer_index(index, len(self.lengths))
-        return LayerCache(self, index)
 
     def append(self, index: int, k, v) -> tuple[np.ndarray, np.ndarray]:
         """Store layer ``index``'s new keys and values; return what the new tokens attend to.
