@@ -146,7 +146,7 @@ class EncoderBlock:
         return self.forward(x, mask, cache, return_weights=return_weights)
 
     def forward(self, x, mask=None, cache=None, *, return_weights: bool = False):
-        """:meth:`__call__` on checked inputs (a stack checks once, then calls this)."""
+        """``__call__`` on checked inputs (a stack checks once, then calls this)."""
         attend = self.self_attn.forward
         if self.norm_first:
             attended, weights = attend(self.norm1(x), mask=mask, cache=cache,
@@ -223,7 +223,7 @@ class DecoderBlock:
         return self.forward(x, memory, self_mask, memory_mask, cache)
 
     def forward(self, x, memory, self_mask=None, memory_mask=None, cache=None) -> np.ndarray:
-        """:meth:`__call__` on checked inputs (a stack checks once, then calls this)."""
+        """``__call__`` on checked inputs (a stack checks once, then calls this)."""
         def self_attend(x):
             return self.self_attn.forward(x, mask=self_mask, cache=cache, need_weights=False)[0]
 
