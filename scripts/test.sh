@@ -6,17 +6,17 @@
 # (CPU), Debian's chromium and TeX Live, and axe-core from npm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh
+bash scripts/setup_env.sh dev
 
+# PyTorch's CPU build for the parity tests (not in requirements-dev.txt: PyPI has no CPU-only
+# Linux build). pip finds it in a local wheel directory when the machine has one, else on
+# PyTorch's own CPU index.
+TORCH=torch==2.13.0+cpu
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
-    echo "== installing PyTorch 2.13.0 (CPU) for the parity tests"
-    .venv/bin/python -m pip install --quiet torch==2.13.0
-fi
-# gguf, ggml's own Python package: its quantizers are the reference the library's are
-# checked against (tests/test_quantize.py).
-if ! .venv/bin/python -c 'import gguf' 2>/dev/null; then
-    echo "== installing gguf 0.19.0 for the quantization tests"
-    .venv/bin/python -m pip install --quiet gguf==0.19.0
+    echo "== installing PyTorch 2.13.0 (CPU build) for the parity tests"
+    .venv/bin/python -m pip install --quiet "$TORCH" 2>/dev/null \
+        || .venv/bin/python -m pip install --quiet "$TORCH" \
+            --extra-index-url https://download.pytorch.org/whl/cpu
 fi
 
 CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"

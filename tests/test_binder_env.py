@@ -2,10 +2,11 @@
 
 repo2docker reads runtime.txt (the Python version), requirements.txt (the pinned packages
 and ``-e .``, the course package) and runs postBuild if there is one. This test does the
-same in a fresh virtual environment, outside the development one, and re-runs every
-chapter notebook there with nbval, under a foreign CPU configuration: if a notebook needs
-something that only the developers' environment has (PyTorch, for one), or prints a number
-that depends on the CPU, it fails here.
+same in a fresh virtual environment, outside the development one, adds only the test runner
+(pytest and nbval, pinned in requirements-dev.txt), and re-runs every chapter notebook there
+with nbval, under a foreign CPU configuration: if a notebook needs something that only the
+developers' environment has (PyTorch, for one), or prints a number that depends on the CPU,
+it fails here.
 """
 
 from __future__ import annotations
@@ -25,6 +26,28 @@ def test_runtime_txt_names_the_python_the_course_is_tested_with():
     assert runtime == f"python-{sys.version_info.major}.{sys.version_info.minor}", runtime
 
 
+# What a reader's environment must not hold: the tests' tools and PyTorch (requirements-dev.txt).
+TEST_TOOLS = {"pytest", "nbval", "pytest-xdist", "hypothesis", "ruff", "playwright", "torch",
+              "gguf", "safetensors"}
+# What the notebook re-run below adds to the Binder environment: the test runner alone.
+TEST_RUNNER = {"pytest", "nbval", "pluggy", "iniconfig", "coverage"}
+
+
+def pinned(path: pathlib.Path) -> dict[str, str]:
+    """Package name (lower case) -> its ``name==version`` line, from a requirements file."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    pins = [line for line in lines if "==" in line and not line.startswith("#")]
+    return {line.split("==")[0].lower().replace("_", "-"): line for line in pins}
+
+
+def test_requirements_txt_holds_no_test_tools():
+    reader = pinned(ROOT / "requirements.txt")
+    assert sorted(TEST_TOOLS & reader.keys()) == []
+    dev = pinned(ROOT / "requirements-dev.txt")
+    assert TEST_RUNNER <= dev.keys(), sorted(TEST_RUNNER - dev.keys())
+    assert sorted(reader.keys() & dev.keys()) == [], "pinned in both files"
+
+
 @pytest.fixture(scope="module")
 def binder_python(tmp_path_factory) -> pathlib.Path:
     """A virtual environment built only from runtime.txt, requirements.txt and postBuild."""
@@ -40,10 +63,22 @@ def binder_python(tmp_path_factory) -> pathlib.Path:
     return python
 
 
-def test_binder_environment_has_no_pytorch(binder_python):
-    # Readers do not need PyTorch; the chapters must run without it.
-    result = subprocess.run([binder_python, "-c", "import torch"], capture_output=True)
-    assert result.returncode != 0
+@pytest.fixture(scope="module")
+def binder_python_with_nbval(binder_python) -> pathlib.Path:
+    """The Binder environment plus the pinned test runner, to re-run the notebooks in it."""
+    runner = [pin for name, pin in pinned(ROOT / "requirements-dev.txt").items()
+              if name in TEST_RUNNER]
+    subprocess.run([binder_python, "-m", "pip", "install", "--quiet", *runner],
+                   check=True, capture_output=True, text=True, timeout=900)
+    return binder_python
+
+
+def test_binder_environment_has_no_pytorch_and_no_test_tools(binder_python):
+    # Readers need neither PyTorch nor the tests' tools; the chapters must run without them.
+    # (This runs before the notebook test below adds the test runner to the same environment.)
+    for module in ("torch", "pytest", "nbval"):
+        result = subprocess.run([binder_python, "-c", f"import {module}"], capture_output=True)
+        assert result.returncode != 0, f"{module} is in the Binder environment"
 
 
 # Another CPU than the one the notebooks were executed on: OpenBLAS forced to an old kernel
@@ -89,11 +124,12 @@ def test_the_foreign_cpu_configuration_takes_effect(binder_python):
     assert foreign_kernel != native_kernel, f"OpenBLAS kept its {native_kernel} kernel"
 
 
-def test_every_notebook_runs_in_the_binder_environment_on_a_foreign_cpu(binder_python):
+def test_every_notebook_runs_in_the_binder_environment_on_a_foreign_cpu(
+        binder_python_with_nbval):
     notebooks = [f"{name}.ipynb" for name in toc_entries() if (ROOT / f"{name}.ipynb").exists()]
     assert notebooks
     result = subprocess.run(
-        [binder_python, "-m", "pytest", "--nbval", "--nbval-current-env",
+        [binder_python_with_nbval, "-m", "pytest", "--nbval", "--nbval-current-env",
          "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "-p", "no:cacheprovider",
          "-o", "addopts=", "-q", *notebooks],
         cwd=ROOT, capture_output=True, text=True, timeout=1800,

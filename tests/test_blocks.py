@@ -316,13 +316,17 @@ def encoder_decoder(seed, norm_first=False):
 
 
 @NORM_FIRST
-def test_encoder_decoder_gives_logits_of_shape_b_t_v_tgt(norm_first):
+def test_encoder_decoder_logits_of_a_padded_batch_equal_each_source_run_alone(norm_first):
     model = encoder_decoder(15, norm_first)
     rng = np.random.default_rng(107)
-    logits = model(rng.integers(0, 13, size=(3, 6)), rng.integers(0, 17, size=(3, 4)),
-                   source_lengths=np.array([6, 1, 4]))
-    assert logits.shape == (3, 4, 17)
-    assert logits.dtype == np.float64 and np.isfinite(logits).all()
+    source, target = rng.integers(0, 13, size=(3, 6)), rng.integers(0, 17, size=(3, 4))
+    lengths = np.array([6, 1, 4])
+    logits = model(source, target, source_lengths=lengths)
+    assert logits.shape == (3, 4, 17) and logits.dtype == np.float64
+    # padding is invisible: each sequence alone, cut to its length, gives the same logits
+    for b, length in enumerate(lengths):
+        alone = model(source[b:b + 1, :length], target[b:b + 1])
+        np.testing.assert_allclose(logits[b:b + 1], alone, rtol=1e-10, atol=1e-12)
     assert (model.encoder.norm is not None) == norm_first
     assert (model.decoder.norm is not None) == norm_first
 

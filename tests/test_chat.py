@@ -397,8 +397,18 @@ def test_smollm2_sampled_chat_is_reproducible_and_refuses_too_long_a_limit(smoll
                   repetition_penalty=1.1)
     first = stream_chat(model, tokenizer, messages, rng=np.random.default_rng(0), **kwargs)
     second = stream_chat(model, tokenizer, messages, rng=np.random.default_rng(0), **kwargs)
-    assert list(first) == list(second) and first.token_ids == second.token_ids
-    assert len(first.token_ids) >= 1
+    pieces = list(first)
+    assert pieces == list(second) and first.token_ids == second.token_ids
+    # the streamed pieces are the decoded tokens (without a final stop token), and the stream
+    # reports why it stopped
+    ids = first.token_ids
+    if first.stop_reason == "stop_token":
+        assert ids[-1] == tokenizer.special_tokens["<|im_end|>"] and len(ids) <= 6
+        ids = ids[:-1]
+    else:
+        assert first.stop_reason == "max_new_tokens" and len(ids) == 6
+    assert "".join(pieces) == first.text == tokenizer.decode(ids)
+    assert first.text.strip()  # an answer, not nothing
     too_long = stream_chat(model, tokenizer, messages, max_new_tokens=8192, greedy=True)
     with pytest.raises(ValueError, match="context length"):
         list(too_long)

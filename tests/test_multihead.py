@@ -229,13 +229,19 @@ def test_context_none_is_self_attention():
     np.testing.assert_array_equal(mha(x)[0], mha(x, context=x)[0])
 
 
-def test_the_output_of_cross_attention_depends_on_the_context():
+def test_cross_attention_treats_the_context_as_a_set_and_each_query_on_its_own():
     rng = np.random.default_rng(14)
     mha = random_mha(8, 2, seed=15)
-    x = rng.normal(size=(3, 8))
-    first, _ = mha(x, context=rng.normal(size=(5, 8)))
-    second, _ = mha(x, context=rng.normal(size=(5, 8)))
-    assert np.abs(first - second).max() > 1e-3
+    x, context = rng.normal(size=(3, 8)), rng.normal(size=(5, 8))
+    output, weights = mha(x, context=context)
+    # reordering the context's tokens reorders the weights and leaves the output unchanged
+    order = np.array([3, 0, 4, 1, 2])
+    reordered_output, reordered_weights = mha(x, context=context[order])
+    np.testing.assert_allclose(reordered_output, output, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(reordered_weights, weights[..., order], rtol=1e-12, atol=1e-15)
+    # a query's output does not depend on the other queries
+    np.testing.assert_allclose(mha(x[1:2], context=context)[0], output[1:2], rtol=1e-12,
+                               atol=1e-14)
 
 
 def test_unbatched_context_is_shared_by_every_batch_of_queries():

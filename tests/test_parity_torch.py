@@ -1,7 +1,10 @@
 """Parity with PyTorch: attention, masks, softmax and log_softmax give PyTorch's numbers.
 
-PyTorch is a test-only dependency (CI installs it); without it this module is skipped.
+PyTorch is a test-only dependency (the test command installs its CPU build); without it this
+module is skipped, and a skip fails a CI run (conftest.py).
 """
+
+import importlib.metadata
 
 import numpy as np
 import pytest
@@ -18,6 +21,17 @@ from attention_lib import (
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
+
+
+
+def test_the_installed_pytorch_is_the_pinned_cpu_build():
+    # scripts/test.sh installs torch==2.13.0+cpu: no CUDA build (several GB) in the test venv
+    assert torch.__version__ == "2.13.0+cpu"
+    assert torch.version.cuda is None
+    nvidia = [d.metadata["Name"] for d in importlib.metadata.distributions()
+              if d.metadata["Name"].lower().startswith("nvidia-")]
+    assert nvidia == []
+
 
 TOLERANCE = {np.float64: 1e-12, np.float32: 1e-5}
 DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])

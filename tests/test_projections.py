@@ -13,7 +13,6 @@ from attention_lib import (
     SelfAttention,
     causal_mask,
     init_linear_weight,
-    scaled_dot_product_attention,
 )
 
 
@@ -24,16 +23,20 @@ def random_layer(d_model, d_k, d_v, seed=0, dtype=np.float64):
 # --------------------------------------------------------------------------- values
 
 
-def test_self_attention_equals_projecting_then_scaled_dot_product_attention():
-    rng = np.random.default_rng(1)
-    layer = random_layer(6, 4, 5, seed=2)
-    x = rng.normal(size=(7, 6))
+def test_self_attention_on_a_hand_worked_example():
+    # Two orthogonal tokens, identity projections (d = 2): scores = x x^T / sqrt(2) is
+    # diag(1/sqrt 2), so each token keeps weight sigma = 1 / (1 + e^(-1/sqrt 2)) on itself and
+    # 1 - sigma on the other; with W_v the identity, the output rows are the weight rows.
+    layer = SelfAttention(W_q=np.eye(2), W_k=np.eye(2), W_v=np.eye(2))
+    x = np.eye(2)
+    sigma = 1 / (1 + math.exp(-1 / math.sqrt(2)))  # 0.6698...
+    expected = np.array([[sigma, 1 - sigma], [1 - sigma, sigma]])
     output, weights = layer(x)
-    expected_output, expected_weights = scaled_dot_product_attention(
-        x @ layer.W_q, x @ layer.W_k, x @ layer.W_v
-    )
-    np.testing.assert_allclose(output, expected_output, rtol=0, atol=1e-14)
-    np.testing.assert_allclose(weights, expected_weights, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(weights, expected, rtol=1e-15)
+    np.testing.assert_allclose(output, expected, rtol=1e-15)
+    # W_v picks what is passed on: swapping its columns swaps the output's
+    output_swapped, _ = SelfAttention(W_q=np.eye(2), W_k=np.eye(2), W_v=np.eye(2)[:, ::-1])(x)
+    np.testing.assert_allclose(output_swapped, expected[:, ::-1], rtol=1e-15)
 
 
 def test_self_attention_matches_the_formula_written_out():
@@ -54,12 +57,14 @@ def test_the_mask_is_passed_on_to_attention():
     x = rng.normal(size=(2, 5, 6))
     mask = causal_mask(5)
     output, weights = layer(x, mask=mask)
-    expected_output, expected_weights = scaled_dot_product_attention(
-        x @ layer.W_q, x @ layer.W_k, x @ layer.W_v, mask=mask
-    )
-    np.testing.assert_allclose(output, expected_output, rtol=0, atol=1e-14)
-    np.testing.assert_allclose(weights, expected_weights, rtol=0, atol=1e-14)
+    # the formula written out: masked scores set to -inf before the softmax
+    scores = (x @ layer.W_q) @ np.swapaxes(x @ layer.W_k, -1, -2) / math.sqrt(4)  # (2, 5, 5)
+    exp = np.exp(np.where(mask, scores, -np.inf))
+    expected_weights = exp / exp.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(weights, expected_weights, rtol=1e-12)
+    np.testing.assert_allclose(output, expected_weights @ (x @ layer.W_v), rtol=1e-12)
     assert np.all(weights[..., ~mask] == 0)
+    np.testing.assert_array_equal(weights[:, 0, 0], 1.0)  # the first token sees only itself
 
 
 def test_a_fully_masked_token_gets_a_zero_output_row_and_zero_weights():
