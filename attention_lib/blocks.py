@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 import numpy as np
 
-from ._checks import check_positive_int, check_token_ids
+from ._checks import as_float_array, check_positive_int, check_token_ids
 from .cache import KVCache
-from .layers import FeedForward, LayerNorm
+from .layers import FeedForward, LayerNorm, _check_features
 from .masks import causal_mask, padding_mask
 from .multihead import MultiHeadAttention
 from .positional import sinusoidal_encoding
@@ -92,12 +92,16 @@ class EncoderBlock:
 
     Attributes
     ----------
-    self_attn : MultiHeadAttention
+    self_attn : MultiHeadAttention or None
+        None: no attention sub-layer, so each position goes through the feed-forward network
+        on its own (chapter 12's model without attention, made by ``init(attention=False)``).
     ff : FeedForward
-    norm1 : LayerNorm
-        ``norm1`` goes with attention, ``norm2`` with the feed-forward network.
+    norm1 : LayerNorm or None
+        ``norm1`` goes with attention (None without it), ``norm2`` with the feed-forward
+        network.
     norm2 : LayerNorm
-        ``norm1`` goes with attention, ``norm2`` with the feed-forward network.
+        ``norm1`` goes with attention (None without it), ``norm2`` with the feed-forward
+        network.
     norm_first : bool, default False
         False: post-LN, ``x = norm1(x + attn(x)); x = norm2(x + ff(x))`` (the 2017 paper).
         True: pre-LN, ``x = x + attn(norm1(x)); x = x + ff(norm2(x))``.
@@ -119,22 +123,32 @@ class EncoderBlock:
     (2, 5, 16)
     """
 
-    self_attn: MultiHeadAttention
+    self_attn: MultiHeadAttention | None
     ff: FeedForward
-    norm1: LayerNorm
+    norm1: LayerNorm | None
     norm2: LayerNorm
     norm_first: bool = False
+
+    def __post_init__(self):
+        if (self.self_attn is None) != (self.norm1 is None):
+            raise ValueError("self_attn and norm1 go together: both None (no attention "
+                             "sub-layer) or neither")
 
     @classmethod
     def init(cls, d_model: int, num_heads: int, d_ff: int, rng: np.random.Generator, *,
              activation: str = "relu", norm_first: bool = False, eps: float = 1e-5,
-             dtype=np.float64, num_kv_heads: int | None = None) -> EncoderBlock:
-        """Random weights; ``num_kv_heads`` below ``num_heads`` gives grouped-query attention."""
+             dtype=np.float64, num_kv_heads: int | None = None,
+             attention: bool = True) -> EncoderBlock:
+        """Random weights; ``num_kv_heads`` below ``num_heads`` gives grouped-query attention,
+        ``attention=False`` a block without its attention sub-layer."""
+        # Drawn even when dropped, so that with or without attention the feed-forward weights
+        # are the same draws: a comparison of the two changes one thing only.
+        self_attn = MultiHeadAttention.init(d_model, num_heads, rng, dtype=dtype,
+                                            num_kv_heads=num_kv_heads)
         return cls(
-            self_attn=MultiHeadAttention.init(d_model, num_heads, rng, dtype=dtype,
-                                              num_kv_heads=num_kv_heads),
+            self_attn=self_attn if attention else None,
             ff=FeedForward.init(d_model, d_ff, rng, activation=activation, dtype=dtype),
-            norm1=LayerNorm.init(d_model, eps, dtype),
+            norm1=LayerNorm.init(d_model, eps, dtype) if attention else None,
             norm2=LayerNorm.init(d_model, eps, dtype),
             norm_first=norm_first,
         )
@@ -142,11 +156,18 @@ class EncoderBlock:
     def __call__(self, x, mask=None, cache=None, *, return_weights: bool = False):
         """The block's output, and with ``return_weights=True`` also its attention weights
         ``(..., H, T, T)``. Without them the attention never stores its weights whole."""
-        x, _, mask = self.self_attn.check_inputs(x, None, mask, cache)
+        if self.self_attn is None:  # no attention: only x to check, nothing to attend with
+            x = as_float_array(x, "x", min_ndim=2)
+            _check_features(x, self.ff.W1.shape[0], "EncoderBlock")
+        else:
+            x, _, mask = self.self_attn.check_inputs(x, None, mask, cache)
         return self.forward(x, mask, cache, return_weights=return_weights)
 
     def forward(self, x, mask=None, cache=None, *, return_weights: bool = False):
         """``__call__`` on checked inputs (a stack checks once, then calls this)."""
+        if self.self_attn is None:  # the feed-forward sub-layer alone; no weights to return
+            x = x + self.ff(self.norm2(x)) if self.norm_first else self.norm2(x + self.ff(x))
+            return (x, None) if return_weights else x
         attend = self.self_attn.forward
         if self.norm_first:
             attended, weights = attend(self.norm1(x), mask=mask, cache=cache,

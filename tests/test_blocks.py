@@ -306,6 +306,41 @@ def test_embed_tokens_rejects_float_token_ids_naming_tokens():
         embed_tokens(np.zeros((5, 4)), np.array([0.0, 1.0]))
 
 
+# --------------------------------------------------------------------------- no attention
+
+
+@NORM_FIRST
+def test_a_block_without_attention_is_its_feed_forward_sub_layer_alone(norm_first):
+    rng = np.random.default_rng(120)
+    block = randomize(EncoderBlock.init(8, 2, 12, rng, norm_first=norm_first,
+                                        attention=False), rng)
+    assert block.self_attn is None and block.norm1 is None
+    x = rng.normal(size=(2, 5, 8))
+    ff, norm = block.ff, block.norm2
+    expected = x + ff(norm(x)) if norm_first else norm(x + ff(x))
+    np.testing.assert_allclose(block(x), expected, rtol=1e-14, atol=1e-15)
+    # each position on its own: a mask changes nothing, and there are no weights
+    output, weights = block(x, mask=causal_mask(5), return_weights=True)
+    np.testing.assert_allclose(output, expected, rtol=1e-14, atol=1e-15)
+    assert weights is None
+    np.testing.assert_allclose(block(x[:, 3:4]), expected[:, 3:4], rtol=1e-14, atol=1e-15)
+
+
+def test_with_or_without_attention_the_feed_forward_weights_are_the_same_draws():
+    with_attention = EncoderBlock.init(8, 2, 12, np.random.default_rng(121))
+    without = EncoderBlock.init(8, 2, 12, np.random.default_rng(121), attention=False)
+    np.testing.assert_array_equal(without.ff.W1, with_attention.ff.W1)
+    np.testing.assert_array_equal(without.ff.W2, with_attention.ff.W2)
+
+
+def test_a_block_without_attention_checks_x_and_refuses_half_an_attention_sub_layer():
+    block = EncoderBlock.init(8, 2, 12, np.random.default_rng(122), attention=False)
+    with pytest.raises(ValueError, match=r"x has 6 features.*expects 8"):
+        block(np.zeros((2, 5, 6)))
+    with pytest.raises(ValueError, match="self_attn and norm1 go together"):
+        dataclasses.replace(block, norm1=LayerNorm.init(8))
+
+
 # --------------------------------------------------------------------------- EncoderDecoder
 
 

@@ -93,7 +93,8 @@ class EncoderModel:
     positions : numpy.ndarray or None
         ``(max_len, d_model)`` learned position vectors; None for no learned positions.
     blocks : list of EncoderBlock
-        A block with ``self_attn=None`` is a per-position MLP (no attention).
+        With ``init(attention=False)`` the blocks have no attention sub-layer (each position
+        is processed on its own).
     norm : LayerNorm or None
         Final norm.
     W_out : numpy.ndarray
@@ -152,13 +153,9 @@ class EncoderModel:
         max_len = check_positive_int(max_len, "max_len")
         num_layers = check_positive_int(num_layers, "num_layers")
         num_outputs = check_positive_int(num_outputs, "num_outputs")
-        blocks = []
-        for _ in range(num_layers):
-            block = EncoderBlock.init(d_model, num_heads, d_ff, rng, activation=activation,
-                                      norm_first=norm_first, dtype=dtype)
-            if not attention:
-                block.self_attn = block.norm1 = None
-            blocks.append(block)
+        blocks = [EncoderBlock.init(d_model, num_heads, d_ff, rng, activation=activation,
+                                    norm_first=norm_first, dtype=dtype, attention=attention)
+                  for _ in range(num_layers)]
         scale = 1.0 / math.sqrt(d_model)
         return cls(
             embedding=(rng.standard_normal((vocab_size, d_model)) * scale).astype(dtype),
@@ -194,13 +191,7 @@ class EncoderModel:
         return tokens
 
     def __call__(self, tokens, lengths=None) -> np.ndarray:
-        """The forward pass with the library's own layers (``EncoderBlock.__call__``).
-
-        Only for models whose blocks all have attention (the library's block needs it).
-        """
-        if any(block.self_attn is None for block in self.blocks):
-            raise ValueError("a block without attention is not a library EncoderBlock; "
-                             "use model_forward(model, tokens) for this model")
+        """The forward pass with the library's own layers (``EncoderBlock.__call__``)."""
         tokens = self._check_tokens(tokens)
         mask = None if lengths is None else padding_mask(lengths, tokens.shape[1])
         x = self._add_positions(self.embedding[tokens])  # (B, T, d_model)
