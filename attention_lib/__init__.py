@@ -18,12 +18,11 @@ from .cache import KVCache, SinkCache, greedy_decode, next_token_nll
 from .flash import (
     online_softmax,
     peak_extra_bytes,
-    sliding_window_mask,
     tiled_attention,
     tiled_attention_backward,
 )
 from .layers import FeedForward, GatedFeedForward, LayerNorm, RMSNorm, gelu, gelu_tanh, relu, silu
-from .masks import causal_mask, padding_mask
+from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import MultiHeadAttention, grouped_attention, merge_heads, split_heads
 from .positional import alibi_bias, alibi_slopes, apply_rope, sinusoidal_encoding
 from .similarity import angle_degrees, cosine_similarity

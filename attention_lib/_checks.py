@@ -105,16 +105,3 @@ def check_mask(mask, scores_shape, *, may_add_dims: bool = True) -> np.ndarray:
         f"{scores_shape} (..., Tq, Tk)"
         + ("" if may_add_dims else " without adding dimensions")
     )
-
-
-def project(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-    """``x @ W (+ b)`` over the last axis, as one 2-d matrix product.
-
-    NumPy runs ``(B, T, d) @ (d, e)`` as B separate products; folding the leading axes
-    into one gives BLAS a single large product, several times faster for big batches.
-    """
-    if x.ndim <= 2 or x.shape[0] == 1 and x.ndim == 3:  # already one product
-        y = x @ W
-    else:
-        y = (x.reshape(-1, x.shape[-1]) @ W).reshape(*x.shape[:-1], W.shape[-1])
-    return y if b is None else y + b

@@ -286,6 +286,20 @@ def _run_on_threads(function, items) -> list:
         return list(pool.map(function, items))
 
 
+def project(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """``x @ W (+ b)`` over the last axis, as one 2-d matrix product: the learned projection
+    of chapter 05, as every layer of the library applies it.
+
+    NumPy runs ``(B, T, d) @ (d, e)`` as B separate products; folding the leading axes
+    into one gives BLAS a single large product, several times faster for big batches.
+    """
+    if x.ndim <= 2 or x.shape[0] == 1 and x.ndim == 3:  # already one product
+        y = x @ W
+    else:
+        y = (x.reshape(-1, x.shape[-1]) @ W).reshape(*x.shape[:-1], W.shape[-1])
+    return y if b is None else y + b
+
+
 def init_linear_weight(d_in: int, d_out: int, rng: np.random.Generator,
                        dtype=np.float64) -> np.ndarray:
     """A random ``(d_in, d_out)`` weight with entries of standard deviation ``1/sqrt(d_in)``.

@@ -52,6 +52,7 @@ class _PerLayerStore:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the key and value storage (the whole capacity, filled or not)."""
         return self.keys.nbytes + self.values.nbytes
 
     def layer(self, index: int) -> LayerCache:

@@ -25,8 +25,7 @@ from ._checks import as_float_array, broadcasts_to, check_mask, check_positive_i
 from .attention import check_attention_inputs
 from .training.functional import sum_to_shape
 
-__all__ = ["online_softmax", "tiled_attention", "tiled_attention_backward",
-           "sliding_window_mask", "peak_extra_bytes"]
+__all__ = ["online_softmax", "tiled_attention", "tiled_attention_backward", "peak_extra_bytes"]
 
 
 def online_softmax(x, block_size: int = 4) -> np.ndarray:
@@ -75,55 +74,6 @@ def online_softmax(x, block_size: int = 4) -> np.ndarray:
     if running_sum == 0.0:
         return np.zeros_like(x)
     return np.exp(x - running_max) / running_sum
-
-
-def sliding_window_mask(Tq: int, Tk: int | None = None, *, window: int) -> np.ndarray:
-    """A causal mask that also hides keys more than ``window - 1`` positions back.
-
-    Query ``i`` (aligned at the bottom right, as :func:`~attention_lib.masks.causal_mask`)
-    sees keys ``j`` with ``i - window < j <= i``: itself and the ``window - 1`` before it,
-    as in Mistral's sliding-window attention.
-
-    Parameters
-    ----------
-    Tq : int
-    Tk : int, optional
-        Defaults to ``Tq``.
-    window : int
-        How many positions each query sees, itself included.
-
-    Returns
-    -------
-    numpy.ndarray of bool
-
-    Shapes
-    ------
-    -> (Tq, Tk)
-
-    Raises
-    ------
-    TypeError, ValueError
-        If a size is not a positive integer or ``Tq > Tk``.
-
-    Notes
-    -----
-    Derived in chapter 11, *Attention at scale*.
-
-    Examples
-    --------
-    >>> sliding_window_mask(4, window=2).astype(int)
-    array([[1, 0, 0, 0],
-           [1, 1, 0, 0],
-           [0, 1, 1, 0],
-           [0, 0, 1, 1]])
-    """
-    Tq = check_positive_int(Tq, "Tq")
-    Tk = Tq if Tk is None else check_positive_int(Tk, "Tk")
-    window = check_positive_int(window, "window")
-    if Tq > Tk:
-        raise ValueError(f"Tq={Tq} > Tk={Tk}: the queries are the last Tq of the Tk positions")
-    offset = (np.arange(Tk - Tq, Tk)[:, None] - np.arange(Tk)[None, :])  # i - j, (Tq, Tk)
-    return (offset >= 0) & (offset < window)
 
 
 def peak_extra_bytes(function, *args, **kwargs) -> int:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import erf
 
-from ._checks import as_float_array, check_positive_int, project
-from .attention import init_linear_weight
+from ._checks import as_float_array, check_positive_int
+from .attention import init_linear_weight, project
 
 __all__ = ["relu", "gelu", "gelu_tanh", "silu", "ACTIVATIONS", "LayerNorm", "RMSNorm",
            "FeedForward", "GatedFeedForward"]

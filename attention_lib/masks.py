@@ -1,4 +1,4 @@
-"""Boolean attention masks, True = may attend (chapter 04)."""
+"""Boolean attention masks, True = may attend (chapter 04; the sliding window, chapter 11)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from ._checks import check_positive_int
 
-__all__ = ["causal_mask", "padding_mask"]
+__all__ = ["causal_mask", "padding_mask", "sliding_window_mask"]
 
 
 def causal_mask(Tq: int, Tk: int | None = None) -> np.ndarray:
@@ -117,3 +117,52 @@ def padding_mask(lengths, T: int) -> np.ndarray:
     positions = np.arange(T)  # (T,)
     is_real = positions < lengths[..., None]  # (..., T)
     return is_real[..., None, :]  # (..., 1, T)
+
+
+def sliding_window_mask(Tq: int, Tk: int | None = None, *, window: int) -> np.ndarray:
+    """A causal mask that also hides keys more than ``window - 1`` positions back.
+
+    Query ``i`` (aligned at the bottom right, as :func:`~attention_lib.masks.causal_mask`)
+    sees keys ``j`` with ``i - window < j <= i``: itself and the ``window - 1`` before it,
+    as in Mistral's sliding-window attention.
+
+    Parameters
+    ----------
+    Tq : int
+    Tk : int, optional
+        Defaults to ``Tq``.
+    window : int
+        How many positions each query sees, itself included.
+
+    Returns
+    -------
+    numpy.ndarray of bool
+
+    Shapes
+    ------
+    -> (Tq, Tk)
+
+    Raises
+    ------
+    TypeError, ValueError
+        If a size is not a positive integer or ``Tq > Tk``.
+
+    Notes
+    -----
+    Derived in chapter 11, *Attention at scale*.
+
+    Examples
+    --------
+    >>> sliding_window_mask(4, window=2).astype(int)
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0],
+           [0, 1, 1, 0],
+           [0, 0, 1, 1]])
+    """
+    Tq = check_positive_int(Tq, "Tq")
+    Tk = Tq if Tk is None else check_positive_int(Tk, "Tk")
+    window = check_positive_int(window, "window")
+    if Tq > Tk:
+        raise ValueError(f"Tq={Tq} > Tk={Tk}: the queries are the last Tq of the Tk positions")
+    offset = (np.arange(Tk - Tq, Tk)[:, None] - np.arange(Tk)[None, :])  # i - j, (Tq, Tk)
+    return (offset >= 0) & (offset < window)

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, check_mask, check_positive_int, project
+from ._checks import as_float_array, check_mask, check_positive_int
 from .attention import (
     _attend,
     _attend_by_query_blocks,
     init_linear_weight,
+    project,
     scaled_dot_product_attention,
 )
 from .positional import apply_rope

@@ -78,7 +78,7 @@ def sum_to_shape(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def _matmul_rows(x, W):
     """``x @ W`` as one 2-d product: NumPy runs ``(B, T, d) @ (d, e)`` as B separate products,
-    and one product of all ``B T`` rows is about twice as fast (see ``_checks.project``)."""
+    and one product of all ``B T`` rows is about twice as fast (see ``attention.project``)."""
     if x.ndim <= 2:
         return x @ W
     return (x.reshape(-1, x.shape[-1]) @ W).reshape(*x.shape[:-1], W.shape[-1])
