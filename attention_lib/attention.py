@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import as_float_array, check_mask, check_positive_int, check_scale
-from .softmax import _softmax_in_place
+from .softmax import _max_along, _softmax_in_place
 
 __all__ = ["scaled_dot_product_attention", "check_attention_inputs", "SelfAttention",
            "init_linear_weight"]
@@ -191,7 +191,7 @@ def _attend(q, k, v, scale: float, mask=None, bias=None):
                 np.copyto(scores, -np.inf, where=np.logical_not(mask))  # in place
             else:  # the mask adds batch dimensions
                 scores = np.where(mask, scores, -np.inf).astype(scores.dtype, copy=False)
-        row_max = scores.max(axis=-1, keepdims=True)  # (..., Tq, 1)
+        row_max = _max_along(scores, -1)  # (..., Tq, 1)
         if not np.isfinite(row_max).all():  # fully masked rows, or an overflow
             _raise_if_overflowed(row_max, q, k, scale, mask, bias)
             row_max[np.isneginf(row_max)] = 0

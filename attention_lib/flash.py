@@ -23,6 +23,7 @@ import numpy as np
 
 from ._checks import as_float_array, broadcasts_to, check_mask, check_positive_int, check_scale
 from .attention import check_attention_inputs
+from .softmax import _max_along
 from .training.functional import sum_to_shape
 
 __all__ = ["online_softmax", "tiled_attention", "tiled_attention_backward", "peak_extra_bytes"]
@@ -221,7 +222,7 @@ def tiled_attention(q, k, v, *, causal: bool = False, key_lengths=None,
                                  key_lengths, mask, q_start, q_end)
             if allowed is not None:
                 scores = np.where(allowed, scores, -np.inf)
-            tile_max = scores.max(axis=-1, keepdims=True)
+            tile_max = _max_along(scores, -1)
             new_max = np.maximum(running_max, tile_max)
             # Rows that have seen only -inf so far keep a finite shift of 0 (no NaN).
             safe_max = np.where(np.isneginf(new_max), 0, new_max)
