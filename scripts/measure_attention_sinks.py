@@ -68,7 +68,11 @@ for name, kwargs in caches.items():
     nll = next_token_nll(model, ids, **kwargs)
     seconds = time.perf_counter() - began
     results[name] = {**kwargs, "perplexity": float(np.exp(nll.mean())),
-                     "perplexity_after_first_drop": float(np.exp(nll[args.cache:].mean())),
+                     # nll[t] predicts token t + 1 from tokens 0..t. Step t attends to the
+                     # cache and itself, and the cache is cut back after the step, so step
+                     # args.cache still sees every token; step args.cache + 1 is the first that
+                     # lost one.
+                     "perplexity_after_first_drop": float(np.exp(nll[args.cache + 1:].mean())),
                      "seconds": round(seconds, 1),
                      "nll": [round(float(value), 5) for value in nll.astype(np.float32)]}
     print(f"{name:7s} {kwargs}: perplexity {results[name]['perplexity']:.3f}, after the "
@@ -79,8 +83,8 @@ OUT.write_text(json.dumps({
     "description": "Per-token negative log-likelihood (natural log) of the next token of a "
                    "long text under SmolLM2-135M-Instruct with three KV caches; written by "
                    "scripts/measure_attention_sinks.py. 'perplexity_after_first_drop' "
-                   "averages over the positions from the first one a bounded cache had to "
-                   "drop a token for.",
+                   "averages over the predictions made after a bounded cache first dropped a "
+                   "token (nll[cache_size + 1:]).",
     "settings": {"model_sha256": SMOLLM2_GGUF_SHA256,
                  "text": "attention_lib/data/tinyshakespeare.txt", "text_span": [start, end],
                  "num_tokens": int(ids.size), "cache_size": args.cache,

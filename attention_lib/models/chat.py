@@ -255,14 +255,14 @@ class TextStream:
         # The cache never holds the last token chosen, hence the - 1.
         cache = self._model.new_cache(capacity=self.prompt_ids.size + self._max_new_tokens - 1)
         logits = self._model.forward(self.prompt_ids, cache=cache)[-1]  # (V,)
-        context = list(self.prompt_ids.tolist())
+        seen_ids = list(self.prompt_ids.tolist())  # the prompt and every token chosen
         for step in range(self._max_new_tokens):
-            token = self._choose(logits, np.array(context, dtype=np.int64))
+            token = self._choose(logits, np.array(seen_ids, dtype=np.int64))
             self.token_ids.append(token)
             if token in self._stop_ids:
                 self.stop_reason = "stop_token"
                 break
-            context.append(token)
+            seen_ids.append(token)
             piece = decoder.push(token)
             if piece:
                 self.text += piece
@@ -306,7 +306,7 @@ def _stop_ids(tokenizer: ByteLevelBPE, stop_ids) -> frozenset[int]:
 
 def _chooser(rng, greedy, temperature, top_k, top_p, min_p, repetition_penalty,
              penalty_last_n):
-    """The rule that turns one row of logits (and the context so far) into a token id."""
+    """The rule that turns one row of logits (and the ids seen so far) into a token id."""
     if not isinstance(greedy, bool):
         raise TypeError(f"greedy must be a bool; got {greedy!r}")
     _check_sampling(temperature, top_k, top_p, min_p, repetition_penalty, penalty_last_n)
@@ -315,9 +315,9 @@ def _chooser(rng, greedy, temperature, top_k, top_p, min_p, repetition_penalty,
             raise ValueError("greedy=True takes the most probable token: temperature, top_k, "
                              "top_p and min_p do not apply (leave them at their defaults)")
 
-        def choose(logits, context):
+        def choose(logits, seen_ids):
             if repetition_penalty is not None:
-                logits = apply_repetition_penalty(logits, _recent_ids(context, penalty_last_n),
+                logits = apply_repetition_penalty(logits, _recent_ids(seen_ids, penalty_last_n),
                                                   repetition_penalty)
             return int(np.argmax(logits))
         return choose
@@ -325,10 +325,10 @@ def _chooser(rng, greedy, temperature, top_k, top_p, min_p, repetition_penalty,
         raise ValueError(f"sampling needs rng=np.random.default_rng(seed) (or greedy=True); "
                          f"got rng={rng!r}")
 
-    def choose(logits, context):
+    def choose(logits, seen_ids):
         return int(sample_next(logits, rng, temperature, top_k, top_p, min_p=min_p,
                                repetition_penalty=repetition_penalty,
-                               previous_ids=_recent_ids(context, penalty_last_n)))
+                               previous_ids=_recent_ids(seen_ids, penalty_last_n)))
     return choose
 
 
