@@ -157,6 +157,9 @@ class EncoderBlock:
         """The block's output, and with ``return_weights=True`` also its attention weights
         ``(..., H, T, T)``. Without them the attention never stores its weights whole."""
         if self.self_attn is None:  # no attention: only x to check, nothing to attend with
+            if cache is not None:
+                raise ValueError("a block without attention has no keys and values to cache; "
+                                 "pass cache=None")
             x = as_float_array(x, "x", min_ndim=2)
             _check_features(x, self.ff.W1.shape[0], "EncoderBlock")
         else:

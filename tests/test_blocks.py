@@ -23,6 +23,7 @@ from attention_lib import (
     EncoderBlock,
     EncoderDecoder,
     FeedForward,
+    KVCache,
     LayerNorm,
     MultiHeadAttention,
     causal_mask,
@@ -337,6 +338,8 @@ def test_a_block_without_attention_checks_x_and_refuses_half_an_attention_sub_la
     block = EncoderBlock.init(8, 2, 12, np.random.default_rng(122), attention=False)
     with pytest.raises(ValueError, match=r"x has 6 features.*expects 8"):
         block(np.zeros((2, 5, 6)))
+    with pytest.raises(ValueError, match="no keys and values to cache"):
+        block(np.zeros((2, 5, 8)), cache=KVCache.init(1, 2, 8, 4).layer(0))
     with pytest.raises(ValueError, match="self_attn and norm1 go together"):
         dataclasses.replace(block, norm1=LayerNorm.init(8))
 
