@@ -1,17 +1,27 @@
-"""attention_heatmap, plot_vectors_2d, plot_heads: what the figures show, and bad input.
+"""attention_heatmap, plot_vectors_2d, plot_heads, attention_viewer: what they show, bad input.
 
 The Agg backend is set in conftest.py; a fixture there closes every figure after each test.
 """
 
+import json
+import re
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from bs4 import BeautifulSoup
 from matplotlib.axes import Axes
 from matplotlib.collections import QuadMesh
 from matplotlib.figure import Figure
 
-from attention_lib import causal_mask, scaled_dot_product_attention
-from attention_lib.plotting import attention_heatmap, plot_heads, plot_vectors_2d
+from attention_lib import causal_mask, plotting, scaled_dot_product_attention
+from attention_lib.plotting import (
+    AttentionViewer,
+    attention_heatmap,
+    attention_viewer,
+    plot_heads,
+    plot_vectors_2d,
+)
 
 TOKENS = ["the", "cat", "sat"]
 
@@ -274,3 +284,250 @@ def test_plot_heads_rejects_a_bad_ncols_naming_ncols(ncols):
 def test_plot_heads_rejects_zero_heads_naming_weights():
     with pytest.raises(ValueError, match=r"weights"):
         plot_heads(np.ones((0, 3, 3)))
+
+
+# --------------------------------------------------------------------------- attention_viewer
+# The browser half (the script shows these numbers, keyboard, themes, axe) is in
+# tests/test_attention_viewer.py.
+
+VIEWER_TOKENS = ["When", " Mary", " and", " John", " went", ","]
+
+
+def layered_weights(L=2, H=3, T=6, seed=0):
+    """Causal softmax weights of shape (L, H, T, T), with rows that differ from head to head."""
+    scores = np.random.default_rng(seed).normal(scale=2.0, size=(L, H, T, T))
+    return scaled_dot_product_attention(scores, np.eye(T), np.eye(T), causal_mask(T))[1]
+
+
+def embedded_data(page: str) -> dict:
+    soup = BeautifulSoup(page, "html.parser")
+    (block,) = soup.find_all("script", type="application/json")
+    return json.loads(block.string)
+
+
+@pytest.fixture
+def fresh_ids(monkeypatch):
+    """Forget the viewers made so far, as a fresh kernel does."""
+    monkeypatch.setattr(plotting, "_viewer_id_counts", {})
+
+
+def test_viewer_embeds_every_weight_rounded_to_the_given_digits():
+    weights = layered_weights()
+    for digits in (2, 3, 5):
+        data = embedded_data(attention_viewer(VIEWER_TOKENS, weights, digits=digits)
+                             ._repr_html_())
+        np.testing.assert_array_equal(np.array(data["weights"]), np.round(weights, digits))
+        assert data["tokens"] == VIEWER_TOKENS
+        assert data["layers"] == ["layer 0", "layer 1"]
+        assert data["heads"] == ["head 0", "head 1", "head 2"]
+
+
+def test_viewer_of_one_layer_embeds_it_as_layer_zero_and_has_no_layer_menu():
+    weights = layered_weights(L=1)[0]  # (H, T, T)
+    page = attention_viewer(VIEWER_TOKENS, weights)._repr_html_()
+    np.testing.assert_array_equal(np.array(embedded_data(page)["weights"]),
+                                  np.round(weights[None], 3))
+    soup = BeautifulSoup(page, "html.parser")
+    assert soup.find("select", class_="av-layer") is None
+    assert len(soup.find("select", class_="av-head").find_all("option")) == 3
+
+
+def test_viewer_of_float32_weights_embeds_their_values():
+    weights = layered_weights().astype(np.float32)
+    data = embedded_data(attention_viewer(VIEWER_TOKENS, weights)._repr_html_())
+    np.testing.assert_array_equal(np.array(data["weights"]),
+                                  np.round(weights.astype(np.float64), 3))
+
+
+def test_viewer_without_script_shows_the_row_of_the_query_it_opens_on():
+    weights = layered_weights()
+    viewer = attention_viewer(VIEWER_TOKENS, weights, layer=1, head=2, query=4,
+                              head_names=["a", "b", "c"])
+    soup = BeautifulSoup(viewer._repr_html_(), "html.parser")
+    buttons = soup.select(".av-tokens button")
+    assert [b.select_one(".av-tok").get_text() for b in buttons] == [
+        "When", " Mary", " and", " John", " went", ","]
+    row = np.round(weights[1, 2, 4], 3)  # what the viewer keeps, and shows in full
+    assert [b.select_one(".av-w").get_text() for b in buttons] == [f"{w:.3f}" for w in row]
+    assert [b["aria-pressed"] for b in buttons] == ["false"] * 4 + ["true", "false"]
+    assert [b["tabindex"] for b in buttons] == ["-1"] * 4 + ["0", "-1"]  # one stop for Tab
+    top = int(np.argmax(weights[1, 2, 4]))
+    status = soup.select_one(".av-status")
+    assert status["role"] == "status"  # a live region: screen readers read its changes
+    assert status.get_text() == (
+        f"Token 4 \u201c went\u201d attends most to token {top} \u201c{VIEWER_TOKENS[top]}\u201d "
+        f"(weight {row[top]:.3f}) in layer 1, c.")
+    assert soup.select_one("select.av-layer option[selected]").get_text() == "layer 1"
+    assert soup.select_one("select.av-head option[selected]").get_text() == "c"
+    heads = [li.get_text() for li in soup.select(".av-heads li")]
+    assert heads == [f"{name}: \u201c{VIEWER_TOKENS[np.argmax(weights[1, h, 4])]}\u201d "
+                     f"{weights[1, h, 4].max():.3f}" for h, name in enumerate("abc")]
+
+
+def test_viewer_colours_each_token_by_its_weight_in_tenths():
+    weights = np.full((1, 5, 5), 0.2)
+    weights[0, 4] = [0.04, 0.06, 0.449, 0.451, 1.0]  # the row of the last token, the query
+    soup = BeautifulSoup(attention_viewer(list("abcde"), weights)._repr_html_(), "html.parser")
+    classes = [set(b["class"]) - {"av-token", "av-query"} for b in soup.select(".av-token")]
+    assert classes == [{"av-c0"}, {"av-c1"}, {"av-c4"}, {"av-c5"}, {"av-c10"}]
+
+
+def test_viewer_shows_tokens_as_text_never_as_markup():
+    hostile = ["<script>alert(1)</script>", "</script><script>alert(2)//", '"><img src=x>',
+               "&amp;", "ok"]
+    weights = np.full((1, 5, 5), 0.2)
+    page = attention_viewer(hostile, weights, head_names=["<b>h</b>"], title="<i>t</i>",
+                            layer_names=["</select>"])._repr_html_()
+    soup = BeautifulSoup(page, "html.parser")
+    assert len(soup.find_all("script")) == 2  # the data and the viewer's own code
+    assert soup.find("img") is None and soup.find("b") is None and soup.find("i") is None
+    assert [tag.get_text() for tag in soup.select(".av-tok")] == hostile
+    assert soup.select_one(".av-title").get_text() == "<i>t</i>"
+    assert soup.select_one("select.av-head option").get_text() == "<b>h</b>"
+    assert soup.select_one("select.av-layer option").get_text() == "</select>"
+    assert page.count("</script>") == 2  # no token closes a script element early
+    assert embedded_data(page)["tokens"] == hostile
+
+
+def test_viewer_makes_white_space_tokens_visible():
+    soup = BeautifulSoup(attention_viewer(["", " ", "\n", "a b"], np.full((1, 4, 4), 0.25))
+                         ._repr_html_(), "html.parser")
+    assert [tag.get_text() for tag in soup.select(".av-tok")] == ["\u2205", "\u2423", "\u23ce",
+                                                                   "a b"]
+
+
+def test_viewer_html_is_the_same_for_the_same_inputs(fresh_ids):
+    first = attention_viewer(VIEWER_TOKENS, layered_weights())._repr_html_()
+    plotting._viewer_id_counts.clear()  # a fresh kernel, as under nbval
+    again = attention_viewer(VIEWER_TOKENS, layered_weights())._repr_html_()
+    assert first == again
+
+
+def test_two_viewers_on_one_page_have_different_ids(fresh_ids):
+    same_a = attention_viewer(VIEWER_TOKENS, layered_weights())
+    same_b = attention_viewer(VIEWER_TOKENS, layered_weights())
+    other = attention_viewer(VIEWER_TOKENS, layered_weights(seed=1))
+    ids = [same_a.element_id, same_b.element_id, other.element_id]
+    assert len(set(ids)) == 3
+    assert re.fullmatch(r"av-[0-9a-f]{12}", same_a.element_id)
+    assert same_b.element_id == same_a.element_id + "-1"
+    assert same_a._repr_html_() == same_a._repr_html_()  # shown twice: the same output
+    page = BeautifulSoup(same_b._repr_html_(), "html.parser")
+    element_ids = [tag["id"] for tag in page.find_all(id=True)]
+    assert element_ids and all(i.startswith(same_b.element_id) for i in element_ids)
+    assert all(page.find(id=label["for"]) for label in page.find_all("label"))
+
+
+def test_viewer_accepts_rows_that_do_not_sum_to_one():
+    weights = 2 * layered_weights()
+    data = embedded_data(attention_viewer(VIEWER_TOKENS, weights)._repr_html_())
+    np.testing.assert_array_equal(np.array(data["weights"]), np.round(weights, 3))
+
+
+def contrast(foreground: str, background: str) -> float:
+    def luminance(hex_colour):
+        rgb = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]) / 255
+        rgb = np.where(rgb <= 0.03928, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+        return 0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2]
+
+    dark, light = sorted([luminance(foreground), luminance(background)])
+    return (light + 0.05) / (dark + 0.05)
+
+
+def test_every_weight_colour_has_text_of_enough_contrast_in_light_and_dark_pages():
+    page = attention_viewer(VIEWER_TOKENS, layered_weights())._repr_html_()
+    css = BeautifulSoup(page, "html.parser").find("style").string
+    rules = re.findall(r"([^{}\n]*\.av-c(\d+))\{background:(#[0-9a-f]{6});color:(#[0-9a-f]{6})\}",
+                       css)
+    light = {int(level): (bg, fg) for sel, level, bg, fg in rules if "dark" not in sel}
+    dark = {int(level): (bg, fg) for sel, level, bg, fg in rules
+            if 'html[data-theme="dark"]' in sel and "jp-theme-light" in sel}
+    assert sorted(light) == sorted(dark) == list(range(1, 11))
+    for palette in (light, dark):
+        for background, text in palette.values():
+            assert contrast(text, background) >= 4.5, (text, background)
+    # A larger weight stands further out from the page: darker on light pages, lighter on dark.
+    def lum(hex_colour):
+        return contrast(hex_colour, "#000000")
+    assert all(lum(light[k][0]) > lum(light[k + 1][0]) for k in range(1, 10))
+    assert all(lum(dark[k][0]) < lum(dark[k + 1][0]) for k in range(1, 10))
+
+
+def test_viewer_offers_html_and_a_png_fallback_of_the_head_it_opens_on():
+    from IPython.core.formatters import DisplayFormatter
+
+    weights = layered_weights()
+    viewer = attention_viewer(VIEWER_TOKENS, weights, layer=1, head=2, title="Mary and John")
+    bundle, _ = DisplayFormatter().format(viewer)
+    assert {"text/plain", "text/html", "image/png"} <= set(bundle)
+    assert bundle["image/png"][:8] == b"\x89PNG\r\n\x1a\n"
+    assert bundle["text/plain"] == ("AttentionViewer(title='Mary and John', layers=2, heads=3, "
+                                    "tokens=6)")
+    figure = viewer.to_figure()
+    (ax,) = [ax for ax in figure.axes if ax.get_label() != "<colorbar>"]
+    assert ax.get_title() == "Mary and John: layer 1, head 2"
+    np.testing.assert_array_equal(np.asarray(heatmap_mesh(ax).get_array()).reshape(6, 6),
+                                  np.round(weights[1, 2], 3))
+    assert tick_texts(ax.get_yticklabels()) == VIEWER_TOKENS
+
+
+def test_viewer_png_is_the_same_for_the_same_inputs():
+    weights = layered_weights()
+    assert (attention_viewer(VIEWER_TOKENS, weights)._repr_png_()
+            == attention_viewer(VIEWER_TOKENS, weights)._repr_png_())
+
+
+@pytest.mark.parametrize(("shape", "message"), [
+    ((6, 6), r"weights must have shape \(L, H, T, T\) or \(H, T, T\); got \(6, 6\)"),
+    ((1, 1, 1, 6, 6), r"got \(1, 1, 1, 6, 6\)"),
+    ((2, 6, 5), r"weights must have shape \(L, H, T, T\) or \(H, T, T\); got \(2, 6, 5\)"),
+    ((0, 6, 6), r"weights has no entries \(shape \(0, 6, 6\)\)"),
+])
+def test_viewer_rejects_weights_of_the_wrong_shape_naming_the_shape(shape, message):
+    with pytest.raises(ValueError, match=message):
+        attention_viewer(VIEWER_TOKENS, np.full(shape, 0.1))
+
+
+def test_viewer_rejects_a_token_count_that_is_not_t():
+    with pytest.raises(ValueError, match=r"^tokens has 5 entries but weights of shape "
+                                         r"\(2, 3, 6, 6\) have T=6"):
+        attention_viewer(VIEWER_TOKENS[:5], layered_weights())
+
+
+def test_viewer_rejects_one_string_as_tokens():
+    with pytest.raises(TypeError, match=r"tokens must be a sequence of strings"):
+        attention_viewer("abc", np.full((1, 3, 3), 1 / 3))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_viewer_rejects_weights_that_are_not_finite_naming_the_entry(bad):
+    weights = layered_weights()
+    weights[1, 0, 3, 2] = bad
+    with pytest.raises(ValueError, match=r"^weights must be finite; weights\(1, 0, 3, 2\) of "
+                                         r"shape \(2, 3, 6, 6\) is (nan|inf)"):
+        attention_viewer(VIEWER_TOKENS, weights)
+
+
+def test_viewer_rejects_the_wrong_number_of_layer_or_head_names():
+    with pytest.raises(ValueError, match=r"^head_names has 2 labels but the weights have 3"):
+        attention_viewer(VIEWER_TOKENS, layered_weights(), head_names=["a", "b"])
+    with pytest.raises(ValueError, match=r"^layer_names has 1 labels but the weights have 2"):
+        attention_viewer(VIEWER_TOKENS, layered_weights(), layer_names=["a"])
+
+
+@pytest.mark.parametrize(("argument", "value"), [
+    ("layer", 2), ("head", -1), ("query", 6), ("query", 1.0), ("head", True)])
+def test_viewer_rejects_a_start_outside_the_weights_naming_it(argument, value):
+    with pytest.raises(ValueError, match=rf"^{argument} must be an integer in 0\.\.\d+ for "
+                                         r"weights of shape \(2, 3, 6, 6\)"):
+        attention_viewer(VIEWER_TOKENS, layered_weights(), **{argument: value})
+
+
+@pytest.mark.parametrize("digits", [0, 9, 2.5])
+def test_viewer_rejects_a_bad_digits(digits):
+    with pytest.raises(ValueError, match=r"^digits must be an integer from 1 to 8"):
+        attention_viewer(VIEWER_TOKENS, layered_weights(), digits=digits)
+
+
+def test_viewer_is_an_attention_viewer():
+    assert isinstance(attention_viewer(["a"], np.ones((1, 1, 1))), AttentionViewer)
