@@ -334,7 +334,8 @@ class GatedFeedForward:
     """The gated feed-forward network of Llama-style models (SwiGLU with ``silu``).
 
     ``(activation(x W_gate) * (x W_up)) W_down``: one projection, passed through the
-    activation, gates another elementwise; no biases.
+    activation, multiplies another elementwise; no biases. (With ``silu`` that factor is not a
+    gate in [0, 1]: it dips to about -0.28 and is unbounded above.)
 
     Attributes
     ----------

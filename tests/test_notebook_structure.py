@@ -158,3 +158,106 @@ def test_every_test_named_on_the_common_bugs_page_exists():
     missing += [name for name in sorted(in_prose)
                 if not re.search(rf"^def {name}\(", every_test, re.M)]
     assert not missing, f"the page names tests that do not exist: {missing}"
+
+
+# One numbering. The book numbers its chapters and sections itself (numbered: true in
+# _toc.yml, and every section of the PDF), so a heading that carries its own number shows two:
+# "17.2. 1. Byte-level BPE from scratch". Numbered lists in prose are fine; headings are not.
+MD_PAGES = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "book").rglob("*.md")
+                  if "_build" not in path.parts and ".ipynb_checkpoints" not in path.parts)
+
+# A heading's own number: "1.", "2)", "3:", "1.2", "(4)", "IV.", "b)", or a numbering word
+# with a number, "Part 1:", "Chapter 2", "Section IV", "Step 3", "§ 5". Leading emphasis or a
+# link bracket is looked through ("## **1.** Foo", "## [2. Foo](x.md)").
+_NUMBERED = re.compile(
+    r"""^[*_\[\s]*(
+        \(?\d+(\.\d+)*[.):]?[*_\]]*(\s|$)     # 1.  2)  3:  1.2  (4)  or a bare number
+      | \(?[IVXLC]+[.):][*_\]]*(\s|$)         # IV.  ii.  (I. too, never "I prefer")
+      | \(?[A-Za-z][.)][*_\]]*(\s|$)          # a)  B.
+      | (part|chapters?|section|step|lesson|unit|appendix)\s+(\d+|[IVXLC]+)\b
+      | §
+    )""",
+    re.IGNORECASE | re.VERBOSE,
+)
+# Fenced blocks whose body is code, not markdown (a {exercise} or {note} body is markdown).
+_CODE_FENCE_INFO = re.compile(r"^$|^[\w+-]+$|^\{(code|code-block|code-cell|eval-rst|math|"
+                              r"literalinclude|raw)\}")
+
+
+def numbered_headings(text: str) -> list[str]:
+    """The markdown headings of `text` (ATX "## ..." and setext underlined) that start with a
+    hand-written number; code blocks are skipped."""
+    found, fence, previous = [], None, ""
+    for line in text.splitlines():
+        opening = re.match(r"^ {0,3}(`{3,}|~{3,})\s*(.*)$", line)
+        if fence:
+            if re.match(rf"^ {{0,3}}{fence[0]}{{{len(fence)},}}\s*$", line):
+                fence = None
+            previous = ""
+            continue
+        if opening and _CODE_FENCE_INFO.match(opening.group(2).strip()):
+            fence, previous = opening.group(1), ""
+            continue
+        atx = re.match(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$", line)
+        setext = (re.match(r"^ {0,3}(=+|-+)\s*$", line) and previous.strip()
+                  and not re.match(r"^ {0,3}([-*+]|\d+[.)])\s", previous)  # not a list item
+                  and not previous.lstrip().startswith((":::", "```", "|", ">")))
+        heading = atx.group(1) if atx else previous.strip() if setext else None
+        if heading is not None and _NUMBERED.match(heading):
+            found.append(heading)
+        previous = "" if atx or setext else line
+    return found
+
+
+@pytest.mark.parametrize(("heading", "numbered"), [
+    ("1. Byte-level BPE from scratch", True), ("2) Chat", True), ("3: Long context", True),
+    ("4.2 Sub-section", True), ("(5) Five", True), ("IV. Four", True), ("b) Second", True),
+    ("Part 1: the attention operation", True), ("Chapter 2 softmax", True),
+    ("Section IV", True), ("step 3", True), ("**6.** Heads", True), ("[7. Link](x.md)", True),
+    ("Byte-level BPE from scratch", False), ("What you will learn", False),
+    ("I prefer apple", False), ("$-\\infty$ or a large negative number?", False),
+    ("16-bit floats", False), ("A common mistake: `np.dot`", False),
+    ("RMSNorm", False), ("Why divide by $\\sqrt{d_k}$?", False),
+])
+def test_the_numbered_heading_detector_sees_numbers_and_only_numbers(heading, numbered):
+    assert bool(numbered_headings(f"## {heading}\n")) is numbered
+    if not re.match(r"\d+[.)]\s", heading):  # "1. Foo" over "---" is a list item and a rule
+        assert bool(numbered_headings(f"{heading}\n---\n")) is numbered  # setext form
+
+
+def test_the_numbered_heading_detector_skips_code_and_reads_directive_bodies():
+    text = ("```python\n# 1. a comment in code\n```\n"
+            ":::{exercise}\n## 2. a heading inside an exercise\n:::\n"
+            "1. a numbered list item\n---\n")
+    assert numbered_headings(text) == ["2. a heading inside an exercise"]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_headings_carry_no_hand_written_numbers(name):
+    offenders = [f"cell {index}: {heading!r}"
+                 for index, cell in enumerate(load(name)) if cell["cell_type"] == "markdown"
+                 for heading in numbered_headings(source(cell))]
+    assert not offenders, (f"{name}.ipynb: headings numbered by hand, under the book's own "
+                           f"numbering: {offenders}")
+
+
+@pytest.mark.parametrize("page", MD_PAGES)
+def test_page_headings_carry_no_hand_written_numbers(page):
+    offenders = numbered_headings((ROOT / page).read_text())
+    assert not offenders, (f"{page}: headings numbered by hand, under the book's own "
+                           f"numbering: {offenders}")
+
+
+def test_the_heading_tests_see_every_page():
+    # Guards the two tests above against running on nothing.
+    assert len(NOTEBOOKS) > 17 and "book/intro.md" in MD_PAGES and "book/api.md" in MD_PAGES
+
+
+def test_toc_part_captions_carry_no_hand_written_numbers():
+    # The PDF turns each caption of _toc.yml into a LaTeX \part, which prints its own
+    # "Part I" above the caption: "Part I: the attention operation" would read twice.
+    captions = re.findall(r"^\s*-?\s*caption:\s*[\"']?(.*?)[\"']?\s*$",
+                          (ROOT / "_toc.yml").read_text(), re.M)
+    assert captions, "no part captions found in _toc.yml"
+    numbered = [caption for caption in captions if numbered_headings(f"# {caption}\n")]
+    assert not numbered, f"_toc.yml: part captions numbered by hand: {numbered}"
