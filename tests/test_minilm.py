@@ -279,6 +279,86 @@ def test_bad_input_is_named(model):
         model.encode([])
 
 
+# ---------------------------------------------------------------- how long a text can be
+
+LONG_SENTENCE = "The cat sat on the mat and looked at the dog. "  # 12 word pieces
+
+
+def long_text(pieces: int) -> str:
+    """A text of ``pieces`` word pieces (a multiple of 12), ``[CLS]`` and ``[SEP]`` not counted."""
+    assert pieces % 12 == 0
+    return LONG_SENTENCE * (pieces // 12)
+
+
+def test_max_seq_length_is_sentence_transformers_256(model):
+    config = json.loads((minilm_dir() / "sentence_bert_config.json").read_text())
+    assert model.max_seq_length == config["max_seq_length"] == 256
+    assert model.max_positions == 512
+
+
+def test_encode_cuts_at_256_as_sentence_transformers(model):
+    text = long_text(300)  # 302 tokens with [CLS] and [SEP]
+    whole_ids, whole_lengths = model.tokenize([text])
+    assert whole_lengths.tolist() == [302]
+    cut_ids, cut_lengths = model.tokenize([text], max_length=256)
+    assert cut_lengths.tolist() == [256]
+    # [CLS], the first 254 word pieces, [SEP]: what tokenizers' own truncation gives
+    np.testing.assert_array_equal(cut_ids[0], [*whole_ids[0, :255], whole_ids[0, -1]])
+    reference_tokenizer = model.tokenizer.__class__.from_str(model.tokenizer.to_str())
+    reference_tokenizer.enable_truncation(256, strategy="longest_first")
+    assert cut_ids[0].tolist() == reference_tokenizer.encode(text).ids
+    truncated = model.encode([text])
+    np.testing.assert_allclose(truncated, model.pool(model(cut_ids, cut_lengths), cut_lengths),
+                               atol=1e-6)
+    whole = model.encode([text], truncate=False)
+    np.testing.assert_allclose(whole, model.pool(model(whole_ids, whole_lengths),
+                                                 whole_lengths), atol=1e-6)
+    # Past 256 tokens, the whole text's embedding is not the reference pipeline's.
+    assert np.abs(whole - truncated).max() > 1e-3
+    # Up to 256 tokens, both are the same.
+    short = long_text(240)
+    np.testing.assert_array_equal(model.encode([short]), model.encode([short], truncate=False))
+
+
+def test_more_than_512_tokens_is_refused_with_the_sentence_and_its_length(model):
+    text = long_text(516)  # 518 tokens
+    with pytest.raises(ValueError, match=r"sentences\[1\] has 518 tokens .* only 512 positions"):
+        model.tokenize(["Hi.", text])
+    with pytest.raises(ValueError, match=r"sentences\[0\] has 518 tokens"):
+        model.encode([text], truncate=False)
+    assert model.encode([text]).shape == (1, 384)  # cut at 256, as the reference pipeline
+    assert model.tokenize([text], max_length=512)[1].tolist() == [512]
+
+
+def test_wordpiece_cuts_long_texts_as_tokenizers_does(model, wordpiece):
+    from dataclasses import replace
+    ours = replace(model, tokenizer=wordpiece)  # the same arrays, the course's tokenizer
+    texts = [long_text(300), SEED, long_text(516)]
+    for max_length in (256, 512):
+        for a, b in zip(ours.tokenize(texts, max_length), model.tokenize(texts, max_length)):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=r"sentences\[2\] has 518 tokens"):
+        ours.tokenize(texts)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"max_length": 1}, ValueError, r"max_length must be an integer in \[2, 512\]"),
+    ({"max_length": 513}, ValueError, "max_length"),
+    ({"max_length": 2.0}, ValueError, "max_length"),
+])
+def test_bad_max_length_is_named(model, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        model.tokenize([SEED], **kwargs)
+
+
+def test_bad_truncate_and_max_seq_length_are_named(model):
+    with pytest.raises(TypeError, match="truncate must be a bool"):
+        model.encode([SEED], truncate="yes")
+    with pytest.raises(ValueError, match="max_seq_length"):
+        MiniLM(model.word_embeddings, model.position_embeddings, model.token_type_embeddings,
+               model.embedding_norm, model.blocks, max_seq_length=1024)
+
+
 def test_no_tokenizer_is_a_clear_error(model):
     bare = MiniLM(model.word_embeddings, model.position_embeddings,
                   model.token_type_embeddings, model.embedding_norm, model.blocks)
@@ -353,3 +433,4 @@ def test_copied_folder_loads(tmp_path, model):
         shutil.copy(minilm_dir() / name, tmp_path / name)
     copy = load_minilm(tmp_path)
     np.testing.assert_array_equal(copy.word_embeddings, model.word_embeddings)
+    assert copy.max_seq_length is None  # no sentence_bert_config.json: nothing is cut

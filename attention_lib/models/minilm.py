@@ -13,6 +13,15 @@ embeddings and a LayerNorm, then six post-LN encoder blocks of width 384 with 12
 and a GELU feed-forward network of width 1536. A sentence's embedding is the mean of its
 tokens' last hidden states (real tokens only), scaled to length 1.
 
+How long a text can be: the position table has 512 rows, so a text of more than 512 tokens
+(``[CLS]`` and ``[SEP]`` included) cannot be run at all, and the loader refuses it with a
+``ValueError`` that names the sentence and its length. The model's reference pipeline,
+sentence-transformers, cuts every text to ``max_seq_length`` = 256 tokens (its
+``sentence_bert_config.json``; its ``Transformer.tokenize`` passes ``truncation="longest_first",
+max_length=max_seq_length`` to the tokenizer). :meth:`MiniLM.encode` does the same by default,
+so its embeddings are the reference's for texts of any length; ``truncate=False`` runs up to
+512 tokens, which the reference never does (and the model was fine-tuned on at most 128).
+
 Every piece of the forward pass is a library object:
 :class:`~attention_lib.multihead.MultiHeadAttention` (chapter 06),
 :class:`~attention_lib.layers.FeedForward` and :class:`~attention_lib.layers.LayerNorm`
@@ -99,6 +108,10 @@ class MiniLM:
         adds ``[CLS]`` and ``[SEP]``; needed by :meth:`tokenize` and :meth:`encode`.
     pad_id : int
         Id of ``[PAD]``, used to fill short rows of a batch.
+    max_seq_length : int, optional
+        The length sentence-transformers cuts every text to (256 for all-MiniLM-L6-v2, read
+        from ``sentence_bert_config.json``); :meth:`encode` cuts there too. ``None``: cut
+        nothing (up to ``max_positions``).
 
     Shapes
     ------
@@ -118,12 +131,15 @@ class MiniLM:
     blocks: list[EncoderBlock]
     tokenizer: object | None = field(default=None, repr=False)
     pad_id: int = 0
+    max_seq_length: int | None = None
 
     def __post_init__(self):
         if not self.blocks:
             raise ValueError("blocks is empty: the encoder needs at least one block")
         if any(block.norm_first for block in self.blocks):
             raise ValueError("MiniLM's blocks are post-LN: every block needs norm_first=False")
+        if self.max_seq_length is not None:
+            self.max_seq_length = self._check_max_length(self.max_seq_length, "max_seq_length")
 
     @property
     def d_model(self) -> int:
@@ -202,18 +218,43 @@ class MiniLM:
         """The last hidden states only (see :meth:`forward`)."""
         return self.forward(token_ids, lengths)[0]
 
-    def tokenize(self, sentences) -> tuple[np.ndarray, np.ndarray]:
+    def tokenize(self, sentences, max_length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of sentences, right-padded with ``[PAD]`` to the longest, and the lengths.
+
+        Parameters
+        ----------
+        sentences : list of str
+        max_length : int, optional
+            Cut each sentence to at most this many tokens, keeping ``[CLS]`` first and
+            ``[SEP]`` last (what ``tokenizers`` and sentence-transformers do with
+            ``truncation="longest_first", max_length=...``). ``None``: cut nothing.
 
         Shapes
         ------
         sentences : n strings -> token_ids (n, T) int64, lengths (n,) int64
+
+        Raises
+        ------
+        ValueError
+            If a sentence has more tokens than the model's ``max_positions`` (512) after any
+            cut; the message names it and its length.
         """
         sentences = self._check_sentences(sentences)
+        if max_length is not None:
+            max_length = self._check_max_length(max_length, "max_length")
         if isinstance(self.tokenizer, WordPiece):
             ids = [self.tokenizer.encode(sentence) for sentence in sentences]
         else:  # a tokenizers.Tokenizer
             ids = [encoding.ids for encoding in self.tokenizer.encode_batch(sentences)]
+        if max_length is not None:  # the first max_length - 1 tokens, then [SEP]
+            ids = [row if len(row) <= max_length else [*row[:max_length - 1], row[-1]]
+                   for row in ids]
+        for index, row in enumerate(ids):
+            if len(row) > self.max_positions:
+                raise ValueError(
+                    f"sentences[{index}] has {len(row)} tokens ([CLS] and [SEP] included) but "
+                    f"the model has only {self.max_positions} positions; pass max_length to cut "
+                    f"it (sentence-transformers cuts at max_seq_length={self.max_seq_length})")
         lengths = np.array([len(row) for row in ids], dtype=np.int64)
         token_ids = np.full((len(ids), lengths.max()), self.pad_id, dtype=np.int64)
         for row, sequence in enumerate(ids):  # ragged input: one row at a time
@@ -244,10 +285,20 @@ class MiniLM:
         norm = np.linalg.norm(mean, axis=-1, keepdims=True)
         return mean / np.maximum(norm, np.finfo(hidden.dtype).tiny)
 
-    def encode(self, sentences, batch_size: int = 32) -> np.ndarray:
+    def encode(self, sentences, batch_size: int = 32, truncate: bool = True) -> np.ndarray:
         """Sentence embeddings: unit vectors whose dot products are cosine similarities.
 
         Sentences are sorted by length and run in batches of ``batch_size`` (less padding).
+
+        Parameters
+        ----------
+        sentences : list of str
+        batch_size : int, default 32
+        truncate : bool, default True
+            Cut each sentence to ``max_seq_length`` tokens (256), as the reference pipeline,
+            sentence-transformers, does: the embedding of a longer text is that of its first
+            254 word pieces. ``False`` runs the whole text, up to ``max_positions`` (512)
+            tokens; longer raises ``ValueError``.
 
         Shapes
         ------
@@ -255,11 +306,14 @@ class MiniLM:
         """
         sentences = self._check_sentences(sentences)
         batch_size = check_positive_int(batch_size, "batch_size")
+        if not isinstance(truncate, bool):
+            raise TypeError(f"truncate must be a bool; got {truncate!r}")
+        max_length = self.max_seq_length if truncate else None
         order = np.argsort([len(s) for s in sentences], kind="stable")
         embeddings = np.empty((len(sentences), self.d_model), dtype=self.word_embeddings.dtype)
         for start in range(0, len(sentences), batch_size):
             chunk = order[start:start + batch_size]
-            token_ids, lengths = self.tokenize([sentences[i] for i in chunk])
+            token_ids, lengths = self.tokenize([sentences[i] for i in chunk], max_length)
             embeddings[chunk] = self.pool(self(token_ids, lengths), lengths)
         return embeddings
 
@@ -276,6 +330,13 @@ class MiniLM:
             if not isinstance(sentence, str):
                 raise TypeError(f"sentences[{i}] is a {type(sentence).__name__}, not a str")
         return sentences
+
+    def _check_max_length(self, value, name: str) -> int:
+        if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                or not 2 <= value <= self.max_positions):
+            raise ValueError(f"{name} must be an integer in [2, {self.max_positions}] (room for "
+                             f"[CLS] and [SEP], at most the model's positions); got {value!r}")
+        return int(value)
 
     def _check_ids(self, token_ids) -> np.ndarray:
         token_ids = check_token_ids(token_ids, self.word_embeddings.shape[0], "token_ids")
@@ -297,8 +358,9 @@ def _load_tokenizer(folder: Path, kind: str):
                           "tokenizers), or pass tokenizer='wordpiece' for the course's own "
                           "WordPiece tokenizer") from None
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    # The shipped file pads every input to 128 tokens and cuts longer ones: undo both, so a
-    # batch is padded to its longest sentence by MiniLM.tokenize and nothing is cut silently.
+    # The shipped file pads every input to 128 tokens and cuts longer ones; sentence-transformers
+    # overrides both (pads a batch to its longest text, cuts at max_seq_length). Undo both here:
+    # MiniLM.tokenize pads to the longest sentence and cuts only where asked (encode: at 256).
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer
@@ -321,6 +383,11 @@ def load_minilm(folder=None, *, dtype=np.float32, tokenizer: str = "tokenizers",
     sha256 : str or None
         The expected sha256 of ``model.safetensors`` (``None`` skips the check, for a folder
         holding other weights of the same architecture).
+
+    The folder's ``sentence_bert_config.json``, if there, gives ``max_seq_length`` (256), the
+    length :meth:`MiniLM.encode` cuts texts to, as sentence-transformers does. The shipped
+    ``tokenizer.json`` also pads every input to 128 tokens and cuts longer ones, settings
+    sentence-transformers overrides: both are switched off here.
 
     Returns
     -------
@@ -387,4 +454,13 @@ def load_minilm(folder=None, *, dtype=np.float32, tokenizer: str = "tokenizers",
         blocks=blocks,
         tokenizer=_load_tokenizer(folder, tokenizer),
         pad_id=int(config.get("pad_token_id", 0)),
+        max_seq_length=_max_seq_length(folder),
     )
+
+
+def _max_seq_length(folder: Path) -> int | None:
+    """sentence-transformers' ``max_seq_length`` from the folder, or None without the file."""
+    path = folder / "sentence_bert_config.json"
+    if not path.is_file():
+        return None
+    return int(json.loads(path.read_text())["max_seq_length"])

@@ -1,8 +1,9 @@
 """The ``course-status`` directive: a table of every notebook of the book and its last run.
 
 ``scripts/execute_notebooks.py`` stores, in each notebook's metadata under ``course``,
-how long its last top-to-bottom run took and when. This directive reads the notebooks the
-book builds and lists them, like the status page of the QuantEcon lectures.
+how long its last top-to-bottom run took, its kernel's peak memory and when. This directive
+reads the notebooks the book builds and lists them, like the status page of the QuantEcon
+lectures.
 """
 
 from __future__ import annotations
@@ -36,18 +37,19 @@ class CourseStatus(SphinxDirective):
             self.env.note_dependency(str(path))
             notebook = json.loads(path.read_text())
             run = notebook.get("metadata", {}).get("course", {}).get("last_run", {})
-            seconds = run.get("seconds")
+            seconds, peak = run.get("seconds"), run.get("peak_memory_mib")
             number = str(int(path.name[:2])) if path.name[:2].isdigit() else "reference"
             rows.append((number, docname, _title(notebook["cells"]),
                          "not recorded" if seconds is None else f"{seconds:.1f}",
+                         "not recorded" if peak is None else f"{peak:,}",
                          run.get("date", "not recorded"), run.get("python", "")))
         # The page is MyST markdown, so the table is written in MyST's list-table syntax.
-        lines = ["```{list-table}", ":header-rows: 1", ":widths: 6 44 14 18 18", "",
-                 "* - chapter", "  - notebook", "  - seconds", "  - last run (UTC)",
-                 "  - Python"]
-        for number, docname, title, seconds, date, python in rows:
+        lines = ["```{list-table}", ":header-rows: 1", ":widths: 6 38 11 13 17 15", "",
+                 "* - chapter", "  - notebook", "  - seconds", "  - peak memory (MiB)",
+                 "  - last run (UTC)", "  - Python"]
+        for number, docname, title, seconds, peak, date, python in rows:
             lines += [f"* - {number}", f"  - {{doc}}`{title} </{docname}>`",
-                      f"  - {seconds}", f"  - {date}", f"  - {python}"]
+                      f"  - {seconds}", f"  - {peak}", f"  - {date}", f"  - {python}"]
         lines.append("```")
         container = nodes.container()
         self.state.nested_parse(StringList(lines), self.content_offset, container)
