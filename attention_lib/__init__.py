@@ -28,6 +28,18 @@ from .positional import alibi_bias, alibi_slopes, apply_rope, sinusoidal_encodin
 from .similarity import angle_degrees, cosine_similarity
 from .softmax import log_softmax, softmax, softmax_jacobian
 from .training.gpt import load_shakespeare_gpt
+from .variants import (
+    LatentCache,
+    LightningIndexer,
+    MultiHeadLatentAttention,
+    delta_rule,
+    gated_attention_output,
+    linear_attention,
+    sparse_attention_cost,
+    topk_indices,
+    topk_mask,
+    topk_sparse_attention,
+)
 
 __version__ = "0.1.0"
 
@@ -76,4 +88,15 @@ __all__ = [
     "tiled_attention",
     "tiled_attention_backward",
     "next_token_nll",
+    # chapter 19, attention in today's models (attention_lib.variants)
+    "LatentCache",
+    "LightningIndexer",
+    "MultiHeadLatentAttention",
+    "delta_rule",
+    "gated_attention_output",
+    "linear_attention",
+    "sparse_attention_cost",
+    "topk_indices",
+    "topk_mask",
+    "topk_sparse_attention",
 ]

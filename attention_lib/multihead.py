@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import expit
 
 from ._checks import as_float_array, check_mask, check_positive_int
 from .attention import (
@@ -254,6 +255,10 @@ class MultiHeadAttention:
     ``num_heads // num_kv_heads`` query heads, which shrinks the KV cache by that factor
     (chapter 11).
 
+    With ``W_g`` set it is gated attention (Qiu et al. 2025, arXiv:2505.06708; Qwen3-Next's
+    attention): each head's attention output is multiplied by ``sigmoid(x W_g + b_g)`` before
+    the heads are concatenated and mixed by ``W_o`` (chapter 19).
+
     Attributes
     ----------
     W_q : numpy.ndarray
@@ -282,6 +287,12 @@ class MultiHeadAttention:
         If set, queries and keys are rotated by :func:`~attention_lib.positional.apply_rope`
         with this base after projection (Llama-style positions; chapter 07). Positions count
         from the first cached token when a cache is used.
+    W_g : numpy.ndarray, optional
+        Output gate projection: ``(d_model, d_model)`` for an elementwise gate (one value per
+        head and channel, as Qwen3-Next) or ``(d_model, num_heads)`` for a head-wise gate (one
+        value per head). ``None`` (the default): no gate.
+    b_g : numpy.ndarray, optional
+        Output gate bias, ``(W_g.shape[1],)``; ``None``: no gate bias. Needs ``W_g``.
 
     Shapes
     ------
@@ -296,7 +307,9 @@ class MultiHeadAttention:
     the biases, as in the paper). Equal to
     ``torch.nn.MultiheadAttention`` (``batch_first=True``) with the same weights, transposed
     (tested); a fully masked query gets a zero attention output (so its output is ``b_o``)
-    where PyTorch gives NaN.
+    where PyTorch gives NaN. The gate is computed from ``x``, the input the queries come
+    from, also in cross-attention and for the new tokens of a cached pass; with a gate,
+    ``W_g.size + b_g.size`` parameters are added.
 
     Examples
     --------
@@ -304,6 +317,9 @@ class MultiHeadAttention:
     >>> output, weights = mha(np.ones((2, 5, 16)))
     >>> output.shape, weights.shape
     ((2, 5, 16), (2, 4, 5, 5))
+    >>> gated = MultiHeadAttention.init(16, 4, np.random.default_rng(0), gate="headwise")
+    >>> gated.W_g.shape, gated.gate(np.ones((5, 16))).shape  # one gate per head and token
+    ((16, 4), (4, 5, 1))
     """
 
     W_q: np.ndarray
@@ -317,6 +333,8 @@ class MultiHeadAttention:
     num_heads: int
     num_kv_heads: int | None = None
     rope_base: float | None = None
+    W_g: np.ndarray | None = None
+    b_g: np.ndarray | None = None
 
     def __post_init__(self):
         self.num_heads = check_positive_int(self.num_heads, "num_heads")
@@ -349,6 +367,26 @@ class MultiHeadAttention:
                     f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads})"
                 )
             setattr(self, name, array)
+        self._check_gate()
+
+    def _check_gate(self):
+        """Check the optional output gate ``W_g``, ``b_g`` (chapter 19)."""
+        if self.W_g is None:
+            if self.b_g is not None:
+                raise ValueError(f"b_g of shape {np.shape(self.b_g)} is given but W_g is None: "
+                                 "a gate bias needs a gate projection W_g")
+            return
+        d_model, H = self.d_model, self.num_heads
+        self.W_g = as_float_array(self.W_g, "W_g")
+        if self.W_g.shape not in ((d_model, d_model), (d_model, H)):
+            raise ValueError(f"W_g must have shape ({d_model}, {d_model}) (elementwise gate) or "
+                             f"({d_model}, {H}) (head-wise gate); got {self.W_g.shape} "
+                             f"(d_model={d_model}, num_heads={H})")
+        if self.b_g is not None:
+            self.b_g = as_float_array(self.b_g, "b_g")
+            if self.b_g.shape != (self.W_g.shape[1],):
+                raise ValueError(f"b_g must have shape ({self.W_g.shape[1]},) to match W_g of "
+                                 f"shape {self.W_g.shape}; got {self.b_g.shape}")
 
     @property
     def d_model(self) -> int:
@@ -356,7 +394,8 @@ class MultiHeadAttention:
 
     @classmethod
     def init(cls, d_model: int, num_heads: int, rng: np.random.Generator,
-             dtype=np.float64, *, num_kv_heads: int | None = None) -> MultiHeadAttention:
+             dtype=np.float64, *, num_kv_heads: int | None = None,
+             gate: str | None = None) -> MultiHeadAttention:
         """Random weights with entries of standard deviation ``1/sqrt(d_model)``, zero biases.
 
         The weights come from :func:`~attention_lib.attention.init_linear_weight`. Only the zero
@@ -364,8 +403,12 @@ class MultiHeadAttention:
         (Xavier-uniform for the input projections, ``nn.Linear``'s Kaiming-uniform for ``W_o``).
 
         ``num_kv_heads`` below ``num_heads`` gives grouped-query attention (1: multi-query).
-        Raises ``ValueError`` if ``num_heads`` does not divide ``d_model`` or
-        ``num_kv_heads`` does not divide ``num_heads``.
+        ``gate="elementwise"`` adds an output gate ``W_g`` of shape ``(d_model, d_model)``,
+        ``gate="headwise"`` one of shape ``(d_model, num_heads)`` (chapter 19), drawn like the
+        other weights after them (so the other weights are those drawn without a gate), with
+        a zero ``b_g``: the gate starts near ``sigmoid(0) = 1/2``.
+        Raises ``ValueError`` if ``num_heads`` does not divide ``d_model``,
+        ``num_kv_heads`` does not divide ``num_heads`` or ``gate`` is another value.
         """
         d_model = check_positive_int(d_model, "d_model")
         num_heads = check_positive_int(num_heads, "num_heads")
@@ -373,16 +416,51 @@ class MultiHeadAttention:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        gate_widths = {None: None, "elementwise": d_model, "headwise": num_heads}
+        if not isinstance(gate, str | None) or gate not in gate_widths:
+            raise ValueError(f"gate must be None, 'elementwise' or 'headwise'; got {gate!r}")
         kv_dim = num_kv_heads * (d_model // num_heads)
+        weights = {
+            "W_q": init_linear_weight(d_model, d_model, rng, dtype),
+            "W_k": init_linear_weight(d_model, kv_dim, rng, dtype),
+            "W_v": init_linear_weight(d_model, kv_dim, rng, dtype),
+            "W_o": init_linear_weight(d_model, d_model, rng, dtype),
+        }
+        if gate is not None:  # drawn last, so the weights above do not depend on the gate
+            weights["W_g"] = init_linear_weight(d_model, gate_widths[gate], rng, dtype)
+            weights["b_g"] = np.zeros(gate_widths[gate], dtype=dtype)
         return cls(
-            W_q=init_linear_weight(d_model, d_model, rng, dtype),
-            W_k=init_linear_weight(d_model, kv_dim, rng, dtype),
-            W_v=init_linear_weight(d_model, kv_dim, rng, dtype),
-            W_o=init_linear_weight(d_model, d_model, rng, dtype),
+            **weights,
             b_q=np.zeros(d_model, dtype=dtype), b_k=np.zeros(kv_dim, dtype=dtype),
             b_v=np.zeros(kv_dim, dtype=dtype), b_o=np.zeros(d_model, dtype=dtype),
             num_heads=num_heads, num_kv_heads=num_kv_heads,
         )
+
+    def gate(self, x) -> np.ndarray:
+        """The output gate's values ``sigmoid(x W_g + b_g)`` for the input ``x``, per head.
+
+        Shapes
+        ------
+        x : (..., T, d_model) -> (..., H, T, d_head) for an elementwise gate,
+        (..., H, T, 1) for a head-wise one
+
+        Raises
+        ------
+        ValueError
+            If the layer has no gate (``W_g`` is None) or ``x`` has not ``d_model`` features.
+
+        Notes
+        -----
+        Derived in chapter 19, *Attention in today's models*.
+        """
+        if self.W_g is None:
+            raise ValueError("this layer has no output gate (W_g is None); "
+                             "see MultiHeadAttention.init(..., gate='elementwise')")
+        x = as_float_array(x, "x", min_ndim=2)
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x has {x.shape[-1]} features but the layer has "
+                             f"d_model={self.d_model} (x.shape={x.shape})")
+        return _gate_values(x, self.W_g, self.b_g, self.num_heads)
 
     def __call__(self, x, context=None, mask=None, cache=None, *, need_weights: bool = True):
         """Attend from ``x`` to ``context`` (to ``x`` itself if ``context`` is None).
@@ -442,6 +520,39 @@ class MultiHeadAttention:
         heads, weights = _grouped_attention(q, k, v, _heads_mask(mask),
                                             1.0 / math.sqrt(q.shape[-1]),
                                             need_weights)  # (..., H, Tq, d_head)
-        # 5. Concatenate the heads and mix them (chapter 06).
+        # 5. Output gate, if any: scale each head's output by sigmoid(x W_g + b_g).
+        if self.W_g is not None:
+            heads = _gate(heads, x, self.W_g, self.b_g)  # output gate (chapter 19)
+        # 6. Concatenate the heads and mix them (chapter 06).
         output = project(_merge_heads(heads), self.W_o, self.b_o)  # (..., Tq, d_model)
         return output, weights
+
+
+def _gate(heads: np.ndarray, x: np.ndarray, W_g: np.ndarray, b_g: np.ndarray | None) -> np.ndarray:
+    """Gated attention's output gate (no checks): ``heads * sigmoid(x W_g + b_g)``.
+
+    The kernel of :meth:`MultiHeadAttention.forward`'s gate and of
+    :func:`~attention_lib.variants.gated_attention_output` (chapter 19).
+
+    Shapes
+    ------
+    heads : (..., H, T, d_head), x : (..., T, d_model), W_g : (d_model, H * d_head) or
+    (d_model, H), b_g : (W_g.shape[1],) -> (..., H, T, d_head)
+    """
+    gate = _gate_values(x, W_g, b_g, heads.shape[-3])
+    return (heads * gate).astype(np.result_type(heads, x, W_g), copy=False)
+
+
+def _gate_values(x: np.ndarray, W_g: np.ndarray, b_g: np.ndarray | None,
+                 num_heads: int) -> np.ndarray:
+    """``sigmoid(x W_g + b_g)`` laid out per head (no checks).
+
+    Shapes
+    ------
+    x : (..., T, d_model) -> (..., H, T, d_head) if ``W_g`` is ``(d_model, H * d_head)``
+    (elementwise), (..., H, T, 1) if it is ``(d_model, H)`` (head-wise)
+    """
+    gate = expit(project(x, W_g, b_g))  # (..., T, H * d_head) or (..., T, H)
+    if W_g.shape[1] == num_heads:  # head-wise: one number per head and token
+        return gate.swapaxes(-1, -2)[..., None]
+    return _split_heads(gate, num_heads)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from attention_lib import (
     MultiHeadAttention,
     causal_mask,
+    init_linear_weight,
     merge_heads,
     padding_mask,
     split_heads,
@@ -499,3 +500,193 @@ def test_permuting_the_tokens_permutes_the_outputs_and_each_heads_weights(case):
     np.testing.assert_allclose(
         permuted_weights, weights[:, permutation][:, :, permutation], rtol=1e-10, atol=1e-12
     )
+
+
+# =============================================================================================
+# The optional output gate (gated attention, chapter 19) and the forward pass without it
+# =============================================================================================
+
+def forward_before_the_gate(mha, x, context=None, mask=None, cache=None, need_weights=True):
+    """``MultiHeadAttention.forward`` as it was before the output gate was added: a verbatim
+    copy of its five steps (project, RoPE, cache, attend, merge). Without ``W_g`` the layer
+    must compute exactly this, bit for bit, on every path."""
+    from attention_lib.attention import project
+    from attention_lib.multihead import (
+        _grouped_attention,
+        _heads_mask,
+        _merge_heads,
+        _split_heads,
+    )
+    from attention_lib.positional import apply_rope
+
+    context = x if context is None else context
+    q = _split_heads(project(x, mha.W_q, mha.b_q), mha.num_heads)
+    k = _split_heads(project(context, mha.W_k, mha.b_k), mha.num_kv_heads)
+    v = _split_heads(project(context, mha.W_v, mha.b_v), mha.num_kv_heads)
+    start = 0 if cache is None else cache.length
+    if mha.rope_base is not None:
+        q = apply_rope(q, start + np.arange(q.shape[-2]), base=mha.rope_base)
+        k = apply_rope(k, start + np.arange(k.shape[-2]), base=mha.rope_base)
+    if cache is not None:
+        k, v = cache.append(k, v)
+    heads, weights = _grouped_attention(q, k, v, _heads_mask(mask),
+                                        1.0 / math.sqrt(q.shape[-1]), need_weights)
+    return project(_merge_heads(heads), mha.W_o, mha.b_o), weights
+
+
+def assert_bit_identical(got, expected):
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("rope_base", [None, 10000.0], ids=["no-rope", "rope"])
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_without_a_gate_every_path_is_bit_identical_to_the_layer_before_the_gate(
+        num_kv_heads, rope_base, dtype):
+    from attention_lib.cache import KVCache
+
+    rng = np.random.default_rng(num_kv_heads)
+    mha = MultiHeadAttention.init(16, 4, rng, dtype, num_kv_heads=num_kv_heads)
+    mha.rope_base = rope_base
+    mha.b_q, mha.b_o = (rng.normal(size=16).astype(dtype) for _ in range(2))
+    assert mha.W_g is None and mha.b_g is None
+    x = rng.normal(size=(2, 7, 16)).astype(dtype)
+    context = rng.normal(size=(2, 5, 16)).astype(dtype)
+    padding = padding_mask(np.array([5, 3]), 5).reshape(2, 1, 5)
+    for got, expected in [
+        (mha(x), forward_before_the_gate(mha, x)),
+        (mha(x, mask=causal_mask(7)), forward_before_the_gate(mha, x, mask=causal_mask(7))),
+        (mha(x, context, padding), forward_before_the_gate(mha, x, context, padding)),
+    ]:
+        assert_bit_identical(got[0], expected[0])
+        assert_bit_identical(got[1], expected[1])
+    assert_bit_identical(mha(x, mask=causal_mask(7), need_weights=False)[0],
+                         forward_before_the_gate(mha, x, mask=causal_mask(7),
+                                                 need_weights=False)[0])
+    caches = [KVCache.init(1, num_kv_heads, 7, 4, batch_shape=(2,), dtype=dtype).layer(0)
+              for _ in range(2)]
+    for start, stop in [(0, 3), (3, 4), (4, 5), (5, 7)]:
+        mask = causal_mask(stop - start, stop)
+        got = mha(x[:, start:stop], mask=mask, cache=caches[0])
+        expected = forward_before_the_gate(mha, x[:, start:stop], mask=mask, cache=caches[1])
+        assert_bit_identical(got[0], expected[0])
+        assert_bit_identical(got[1], expected[1])
+
+
+@pytest.mark.parametrize("num_kv_heads", [None, 2])
+def test_init_draws_the_gate_after_the_other_weights_so_they_do_not_change(num_kv_heads):
+    def layer(gate):
+        return MultiHeadAttention.init(16, 4, np.random.default_rng(7), gate=gate,
+                                       num_kv_heads=num_kv_heads)
+
+    plain, elementwise, headwise = layer(None), layer("elementwise"), layer("headwise")
+    for name in WEIGHT_NAMES + BIAS_NAMES:
+        np.testing.assert_array_equal(getattr(elementwise, name), getattr(plain, name))
+        np.testing.assert_array_equal(getattr(headwise, name), getattr(plain, name))
+    assert elementwise.W_g.shape == (16, 16) and headwise.W_g.shape == (16, 4)
+    assert elementwise.b_g.shape == (16,) and headwise.b_g.shape == (4,)
+    assert not elementwise.b_g.any() and not headwise.b_g.any()
+    # The next draw of the same generator, drawn as the other weights are.
+    rng = np.random.default_rng(7)
+    layer_without_gate = MultiHeadAttention.init(16, 4, rng, num_kv_heads=num_kv_heads)
+    np.testing.assert_array_equal(elementwise.W_g, init_linear_weight(16, 16, rng))
+    assert layer_without_gate.W_g is None
+
+
+def logit(p):
+    return np.log(p) - np.log1p(-p)
+
+
+@pytest.mark.parametrize("kind", ["headwise", "elementwise"])
+def test_a_constant_gate_scales_the_rows_of_w_o_that_read_each_head(kind):
+    # With W_g = 0 the gate is sigmoid(b_g) for every token: head h (elementwise: feature j
+    # of the merged heads) is multiplied by a constant, which is the same as multiplying the
+    # rows of W_o that read it. Checks that the gate's layout matches the heads'.
+    rng = np.random.default_rng(8)
+    mha = random_mha(12, 3, seed=8)
+    factors = rng.uniform(0.05, 0.95, size=3 if kind == "headwise" else 12)
+    rows = np.repeat(factors, 4) if kind == "headwise" else factors
+    gated = MultiHeadAttention(**{name: getattr(mha, name) for name in WEIGHT_NAMES + BIAS_NAMES},
+                               num_heads=3, W_g=np.zeros((12, factors.size)),
+                               b_g=logit(factors))
+    scaled = MultiHeadAttention(**{name: getattr(mha, name) for name in WEIGHT_NAMES[:3]
+                                   + BIAS_NAMES}, W_o=rows[:, None] * mha.W_o, num_heads=3)
+    x, mask = rng.normal(size=(2, 5, 12)), causal_mask(5)
+    output, weights = gated(x, mask=mask)
+    np.testing.assert_allclose(output, scaled(x, mask=mask)[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(weights, mha(x, mask=mask)[1])  # the gate leaves weights be
+    assert not np.allclose(output, mha(x, mask=mask)[0])
+
+
+def test_the_gate_is_computed_from_x_in_cross_attention():
+    rng = np.random.default_rng(9)
+    mha = MultiHeadAttention.init(8, 2, rng, gate="elementwise")
+    mha.b_g = rng.normal(size=8)
+    x, context = rng.normal(size=(3, 8)), rng.normal(size=(5, 8))
+    plain = MultiHeadAttention(**{name: getattr(mha, name) for name in WEIGHT_NAMES
+                                  + BIAS_NAMES}, num_heads=2)
+    gate = 1 / (1 + np.exp(-(x @ mha.W_g + mha.b_g)))  # (Tq, d_model): one row per query
+    _, weights = plain(x, context)
+    values = context @ mha.W_v + mha.b_v  # (Tk, d_model), heads side by side
+    heads = np.concatenate([weights[h] @ values[:, 4 * h:4 * h + 4] for h in range(2)], axis=-1)
+    np.testing.assert_allclose(mha(x, context)[0], (heads * gate) @ mha.W_o + mha.b_o,
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(mha.gate(x)[1], gate[:, 4:], rtol=1e-15)
+
+
+def test_a_gate_adds_its_parameters_to_the_count():
+    from attention_lib import count_parameters
+
+    d, H = 16, 4
+    plain = 4 * d * d + 4 * d
+    for gate, extra in [(None, 0), ("headwise", d * H + H), ("elementwise", d * d + d)]:
+        mha = MultiHeadAttention.init(d, H, np.random.default_rng(0), gate=gate)
+        assert count_parameters(mha) == plain + extra
+
+
+@pytest.mark.parametrize(("W_g_shape", "b_g_shape", "pattern"), [
+    ((8, 3), (3,), r"W_g must have shape \(8, 8\) \(elementwise gate\) or \(8, 2\) \(head-wise "
+                   r"gate\); got \(8, 3\) \(d_model=8, num_heads=2\)"),
+    ((2, 8), (8,), r"W_g must have shape .*; got \(2, 8\)"),
+    ((8,), (8,), r"W_g must have shape .*; got \(8,\)"),
+    ((8, 2), (8,), r"b_g must have shape \(2,\) to match W_g of shape \(8, 2\); got \(8,\)"),
+    ((8, 8), (1, 8), r"b_g must have shape \(8,\) to match W_g of shape \(8, 8\); got \(1, 8\)"),
+])
+def test_a_gate_of_the_wrong_shape_raises_naming_it_and_the_shapes(W_g_shape, b_g_shape,
+                                                                    pattern):
+    mha = random_mha(8, 2)
+    parameters = {name: getattr(mha, name) for name in WEIGHT_NAMES + BIAS_NAMES}
+    with pytest.raises(ValueError, match=pattern):
+        MultiHeadAttention(**parameters, num_heads=2, W_g=np.zeros(W_g_shape),
+                           b_g=np.zeros(b_g_shape))
+
+
+def test_a_gate_bias_without_a_gate_raises_naming_both():
+    parameters = {name: getattr(random_mha(8, 2), name) for name in WEIGHT_NAMES + BIAS_NAMES}
+    with pytest.raises(ValueError, match=r"b_g of shape \(8,\) is given but W_g is None"):
+        MultiHeadAttention(**parameters, num_heads=2, b_g=np.zeros(8))
+
+
+def test_a_gate_without_a_bias_has_no_bias():
+    parameters = {name: getattr(random_mha(8, 2), name) for name in WEIGHT_NAMES + BIAS_NAMES}
+    W_g = np.random.default_rng(1).normal(size=(8, 2))
+    x = np.random.default_rng(2).normal(size=(4, 8))
+    without = MultiHeadAttention(**parameters, num_heads=2, W_g=W_g)
+    zero = MultiHeadAttention(**parameters, num_heads=2, W_g=W_g, b_g=np.zeros(2))
+    np.testing.assert_array_equal(without(x)[0], zero(x)[0])
+
+
+@pytest.mark.parametrize("gate", ["Elementwise", "head-wise", True, 1])
+def test_init_rejects_an_unknown_gate_naming_it(gate):
+    with pytest.raises(ValueError, match="gate must be None, 'elementwise' or 'headwise'; got"):
+        MultiHeadAttention.init(8, 2, np.random.default_rng(0), gate=gate)
+
+
+def test_gate_values_of_a_layer_without_a_gate_raise():
+    mha = MultiHeadAttention.init(8, 2, np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"no output gate \(W_g is None\)"):
+        mha.gate(np.zeros((3, 8)))
+    with pytest.raises(ValueError, match=r"x has 7 features but the layer has d_model=8"):
+        MultiHeadAttention.init(8, 2, np.random.default_rng(0), gate="headwise").gate(
+            np.zeros((3, 7)))
