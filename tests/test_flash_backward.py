@@ -11,7 +11,10 @@ attend to nothing, dtypes kept, only the tiles that the causal, window or paddin
 cuts through masked (in both passes), bad input rejected naming the argument.
 """
 
+import json
+import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,8 +43,8 @@ def relative_difference(ours, reference) -> float:
 def dense_gradients(d_output, q, k, v, scale=None, **options):
     """Chapter 12's backward pass, which keeps the (Tq, Tk) weights."""
     allowed = allowed_pairs(q.shape[-2], k.shape[-2], **options)
-    _, _, cache = attention_forward(q, k, v, mask=allowed, scale=scale)
-    return attention_backward(d_output, cache)
+    _, _, saved = attention_forward(q, k, v, mask=allowed, scale=scale)
+    return attention_backward(d_output, saved)
 
 
 def tiled_gradients(d_output, q, k, v, *, blocks=(4, 3), backward_blocks=None, **options):
@@ -244,6 +247,17 @@ def test_causal_attention_masks_only_the_tiles_on_the_diagonal(monkeypatch):
 
 
 @pytest.mark.parametrize("which", ["forward", "backward"])
+def test_tiles_that_padding_blocks_entirely_are_computed_with_a_mask_not_skipped(monkeypatch,
+                                                                                which):
+    # Chapter 13 says so: the kernels skip tiles by the causal and window structure only.
+    d_output, q, k, v = problem(13, Tq=12, Tk=12)
+    records = tile_masks_of_a_pass(monkeypatch, which, d_output, q, k, v, 4,
+                                   key_lengths=np.array([4, 4]))  # keys 4-11: padding
+    assert len(records) == 9  # every tile of the 3 x 3 grid
+    assert sorted(k_start for _, k_start, was_masked in records if was_masked) == [4] * 3 + [8] * 3
+
+
+@pytest.mark.parametrize("which", ["forward", "backward"])
 def test_a_general_mask_is_applied_on_every_computed_tile(monkeypatch, which):
     d_output, q, k, v = problem(12, Tq=12, Tk=12)
     records = tile_masks_of_a_pass(monkeypatch, which, d_output, q, k, v, 4,
@@ -286,3 +300,25 @@ def test_bad_options_are_rejected_as_in_the_forward_pass():
         tiled_attention_backward(*arguments, key_lengths=np.array([3, 14]))
     with pytest.raises(ValueError, match=r"q has d_k=5 but k has d_k=4"):
         tiled_attention_backward(d_output, q, k[..., :4], v, output, lse)
+
+
+# --------------------------------------------------------------------------- the benchmark file
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_stored_benchmark_file_says_how_it_was_made_and_has_the_scripts_default_lengths():
+    # Chapter 13 reads benchmarks/results/flash_backward_memory.json and prints its record.
+    script = (ROOT / "benchmarks" / "flash_backward_memory.py").read_text()
+    defaults = re.search(r'"--lengths", type=int, nargs="\+", default=\[([\d, ]+)\]', script)
+    record = json.loads((ROOT / "benchmarks" / "results" / "flash_backward_memory.json")
+                        .read_text())
+    for field in ("command", "threads", "repeat", "single_run_from_T", "numpy", "system",
+                  "processor", "cpu_count", "date_utc", "load_average_before",
+                  "load_average_after", "matmul_gflops"):
+        assert record[field] is not None, field
+    assert [row["T"] for row in record["rows"]] == [int(n) for n in defaults[1].split(",")]
+    tiled_bytes = [row["tiled_bytes"] for row in record["rows"]]
+    dense_bytes = [row["dense_bytes"] for row in record["rows"]]
+    assert all(dense >= 3 * row["T"] ** 2 * 4 for dense, row in zip(dense_bytes, record["rows"]))
+    assert tiled_bytes[-1] < dense_bytes[-1] / 100  # the chapter's "158 times less"

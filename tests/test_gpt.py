@@ -149,12 +149,12 @@ def test_forward_rejects_bad_ids():
 
 def test_dropout_zeroes_about_p_and_keeps_the_mean():
     x = np.ones((200, 500), dtype=np.float32)
-    y, cache = dropout_forward(x, 0.25, np.random.default_rng(0))
+    y, saved = dropout_forward(x, 0.25, np.random.default_rng(0))
     assert y.dtype == np.float32
     assert abs((y == 0).mean() - 0.25) < 0.005
     assert abs(y.mean() - 1.0) < 0.01
     assert set(np.unique(y).tolist()) == {0.0, np.float32(1 / 0.75)}
-    np.testing.assert_array_equal(dropout_backward(np.ones_like(x), cache), y)
+    np.testing.assert_array_equal(dropout_backward(np.ones_like(x), saved), y)
 
 
 def test_dropout_is_the_identity_without_rng_or_probability():

@@ -290,9 +290,9 @@ def test_jacobian_times_upstream_gradient_equals_softmax_backward():
     rng = np.random.default_rng(7)
     x = rng.normal(size=(3, 4, 5))
     u = rng.normal(size=(3, 4, 5))
-    p, cache = softmax_forward(x)
+    p, saved = softmax_forward(x)
     via_jacobian = np.einsum("...ij,...j->...i", softmax_jacobian(p), u)
-    np.testing.assert_allclose(via_jacobian, softmax_backward(u, cache), atol=1e-15)
+    np.testing.assert_allclose(via_jacobian, softmax_backward(u, saved), atol=1e-15)
 
 
 def test_jacobian_is_symmetric_with_zero_row_and_column_sums():

@@ -107,9 +107,9 @@ def test_linear_backward_matches_finite_differences(with_bias):
     x, W = rng.normal(size=(2, 3, 4)), rng.normal(size=(4, 5))
     b = rng.normal(size=5) if with_bias else None
     R = rng.normal(size=(2, 3, 5))
-    y, cache = linear_forward(x, W, b)
+    y, saved = linear_forward(x, W, b)
     np.testing.assert_array_equal(y, x @ W + (0 if b is None else b))
-    dx, dW, db = linear_backward(R, cache)
+    dx, dW, db = linear_backward(R, saved)
     params, grads = {"x": x, "W": W}, {"x": dx, "W": dW}
     if with_bias:
         params["b"], grads["b"] = b, db
@@ -124,8 +124,8 @@ def test_activation_backward_matches_finite_differences(name):
     x = rng.normal(size=(3, 7)) * 2
     x[np.abs(x) < 1e-3] = 0.5  # keep relu's kink out of the finite-difference step
     R = rng.normal(size=x.shape)
-    _, cache = activation_forward(x, name)
-    dx = activation_backward(R, cache)
+    _, saved = activation_forward(x, name)
+    dx = activation_backward(R, saved)
     assert_gradients_match(lambda: projection_loss(activation_forward(x, name)[0], R),
                            {"x": x}, {"x": dx})
 
@@ -141,8 +141,8 @@ def test_unknown_activation_is_refused():
 def test_softmax_backward_matches_finite_differences_and_the_jacobian():
     rng = np.random.default_rng(2)
     x, R = rng.normal(size=(4, 6)), rng.normal(size=(4, 6))
-    p, cache = softmax_forward(x)
-    dx = softmax_backward(R, cache)
+    p, saved = softmax_forward(x)
+    dx = softmax_backward(R, saved)
     assert_gradients_match(lambda: projection_loss(softmax_forward(x)[0], R), {"x": x}, {"x": dx})
     jacobian = np.einsum("bi,ij->bij", p, np.eye(6)) - p[:, :, None] * p[:, None, :]
     np.testing.assert_allclose(dx, np.einsum("bij,bi->bj", jacobian, R), atol=1e-14)
@@ -150,8 +150,8 @@ def test_softmax_backward_matches_finite_differences_and_the_jacobian():
 
 def test_softmax_backward_gives_zero_at_minus_infinity_and_for_an_all_blocked_row():
     x = np.array([[0.5, -np.inf, 1.0], [-np.inf, -np.inf, -np.inf]])
-    _, cache = softmax_forward(x)
-    dx = softmax_backward(np.ones((2, 3)) * [[1.0, 2.0, 3.0]], cache)
+    _, saved = softmax_forward(x)
+    dx = softmax_backward(np.ones((2, 3)) * [[1.0, 2.0, 3.0]], saved)
     assert np.isfinite(dx).all()
     assert dx[0, 1] == 0.0
     np.testing.assert_array_equal(dx[1], 0.0)
@@ -176,11 +176,11 @@ def attention_masks():
 def test_attention_backward_matches_finite_differences(mask_name):
     mask = attention_masks()[mask_name]
     q, k, v, R = attention_inputs(3)
-    output, weights, cache = attention_forward(q, k, v, mask=mask)
+    output, weights, saved = attention_forward(q, k, v, mask=mask)
     expected_output, expected_weights = scaled_dot_product_attention(q, k, v, mask=mask)
     np.testing.assert_array_equal(output, expected_output)
     np.testing.assert_array_equal(weights, expected_weights)
-    dq, dk, dv = attention_backward(R, cache)
+    dq, dk, dv = attention_backward(R, saved)
     assert_gradients_match(lambda: projection_loss(attention_forward(q, k, v, mask=mask)[0], R),
                            {"q": q, "k": k, "v": v}, {"q": dq, "k": dk, "v": dv})
 
@@ -188,22 +188,22 @@ def test_attention_backward_matches_finite_differences(mask_name):
 def test_a_fully_masked_query_sends_no_gradient_and_no_nan():
     q, k, v, R = attention_inputs(4)
     mask = attention_masks()["fully masked row"]
-    _, _, cache = attention_forward(q, k, v, mask=mask)
-    dq, dk, dv = attention_backward(R, cache)
+    _, _, saved = attention_forward(q, k, v, mask=mask)
+    dq, dk, dv = attention_backward(R, saved)
     assert all(np.isfinite(grad).all() for grad in (dq, dk, dv))
     np.testing.assert_array_equal(dq[0, 1], 0.0)
     # Changing that query's output gradient changes nothing upstream.
     R_changed = R.copy()
     R_changed[0, 1] += 10.0
-    for grad, changed in zip((dq, dk, dv), attention_backward(R_changed, cache)):
+    for grad, changed in zip((dq, dk, dv), attention_backward(R_changed, saved)):
         np.testing.assert_array_equal(grad, changed)
 
 
 def test_keys_hidden_from_every_query_get_zero_gradient():
     q, k, v, R = attention_inputs(5)
     mask = padding_mask([3, 5], 5)  # keys 3 and 4 of sequence 0 are padding
-    _, _, cache = attention_forward(q, k, v, mask=mask)
-    _, dk, dv = attention_backward(R, cache)
+    _, _, saved = attention_forward(q, k, v, mask=mask)
+    _, dk, dv = attention_backward(R, saved)
     np.testing.assert_array_equal(dk[0, 3:], 0.0)
     np.testing.assert_array_equal(dv[0, 3:], 0.0)
     assert np.abs(dk[1, 3:]).min() > 0  # sequence 1 has no padding
@@ -212,8 +212,8 @@ def test_keys_hidden_from_every_query_get_zero_gradient():
 def test_attention_backward_sums_the_gradient_of_a_query_shared_by_the_batch():
     q, k, v, R = attention_inputs(6, Tq=1)
     shared_query = q[:1]  # (1, 1, d_k), broadcast over the batch of 2
-    _, _, cache = attention_forward(shared_query, k, v)
-    dq, dk, dv = attention_backward(R, cache)
+    _, _, saved = attention_forward(shared_query, k, v)
+    dq, dk, dv = attention_backward(R, saved)
     assert dq.shape == shared_query.shape
     assert_gradients_match(
         lambda: projection_loss(attention_forward(shared_query, k, v)[0], R),
@@ -222,8 +222,8 @@ def test_attention_backward_sums_the_gradient_of_a_query_shared_by_the_batch():
 
 def test_attention_backward_with_a_custom_scale():
     q, k, v, R = attention_inputs(7)
-    _, _, cache = attention_forward(q, k, v, scale=0.3)
-    dq, dk, dv = attention_backward(R, cache)
+    _, _, saved = attention_forward(q, k, v, scale=0.3)
+    dq, dk, dv = attention_backward(R, saved)
     assert_gradients_match(
         lambda: projection_loss(attention_forward(q, k, v, scale=0.3)[0], R),
         {"q": q, "k": k, "v": v}, {"q": dq, "k": dk, "v": dv})
@@ -243,11 +243,11 @@ def test_mha_backward_matches_finite_differences(mask_name):
     rng = np.random.default_rng(9)
     x, R = rng.normal(size=(2, 5, 8)), rng.normal(size=(2, 5, 8))
     mask = {"none": None, "causal": causal_mask(5), "padding": padding_mask([5, 2], 5)}[mask_name]
-    output, weights, cache = mha_forward(mha, x, mask)
+    output, weights, saved = mha_forward(mha, x, mask)
     expected_output, expected_weights = mha(x, mask=mask)
     np.testing.assert_allclose(output, expected_output, atol=1e-14)
     np.testing.assert_allclose(weights, expected_weights, atol=1e-14)
-    dx, grads = mha_backward(R, cache)
+    dx, grads = mha_backward(R, saved)
     params = {"x": x} | named_parameters(mha)
     assert_gradients_match(lambda: projection_loss(mha_forward(mha, x, mask)[0], R),
                            params, {"x": dx} | grads)
@@ -258,8 +258,8 @@ def test_the_key_bias_gets_exactly_zero_gradient():
     mha = random_mha(10)
     rng = np.random.default_rng(11)
     x, R = rng.normal(size=(2, 5, 8)), rng.normal(size=(2, 5, 8))
-    _, _, cache = mha_forward(mha, x, causal_mask(5))
-    _, grads = mha_backward(R, cache)
+    _, _, saved = mha_forward(mha, x, causal_mask(5))
+    _, grads = mha_backward(R, saved)
     assert np.abs(grads["b_k"]).max() < 1e-12
     assert np.abs(grads["b_q"]).max() > 1e-3
 
@@ -274,9 +274,9 @@ def test_layer_norm_backward_matches_finite_differences():
     rng = np.random.default_rng(12)
     norm = LayerNorm(1.0 + 0.3 * rng.normal(size=6), 0.3 * rng.normal(size=6), eps=1e-5)
     x, R = rng.normal(size=(2, 3, 6)), rng.normal(size=(2, 3, 6))
-    y, cache = layer_norm_forward(norm, x)
+    y, saved = layer_norm_forward(norm, x)
     np.testing.assert_array_equal(y, norm(x))
-    dx, grads = layer_norm_backward(R, cache)
+    dx, grads = layer_norm_backward(R, saved)
     assert_gradients_match(lambda: projection_loss(layer_norm_forward(norm, x)[0], R),
                            {"x": x, "gamma": norm.gamma, "beta": norm.beta},
                            {"x": dx} | grads)
@@ -288,8 +288,8 @@ def test_layer_norm_backward_for_a_nearly_constant_row():
     norm = LayerNorm.init(5)
     x = 1.0 + 1e-3 * rng.normal(size=(2, 5))
     R = rng.normal(size=(2, 5))
-    _, cache = layer_norm_forward(norm, x)
-    dx, _ = layer_norm_backward(R, cache)
+    _, saved = layer_norm_forward(norm, x)
+    dx, _ = layer_norm_backward(R, saved)
     assert_gradients_match(lambda: projection_loss(layer_norm_forward(norm, x)[0], R),
                            {"x": x}, {"x": dx})
 
@@ -299,9 +299,9 @@ def test_feed_forward_backward_matches_finite_differences(activation):
     rng = np.random.default_rng(14)
     ff = randomize(FeedForward.init(6, 10, rng, activation=activation), rng)
     x, R = rng.normal(size=(2, 3, 6)), rng.normal(size=(2, 3, 6))
-    y, cache = feed_forward_forward(ff, x)
+    y, saved = feed_forward_forward(ff, x)
     np.testing.assert_allclose(y, ff(x), atol=1e-14)
-    dx, grads = feed_forward_backward(R, cache)
+    dx, grads = feed_forward_backward(R, saved)
     assert_gradients_match(lambda: projection_loss(feed_forward_forward(ff, x)[0], R),
                            {"x": x} | named_parameters(ff), {"x": dx} | grads)
 
@@ -314,13 +314,13 @@ def test_encoder_block_backward_matches_finite_differences(norm_first, with_atte
                                         attention=with_attention), rng)
     x, R = rng.normal(size=(2, 4, 8)), rng.normal(size=(2, 4, 8))
     mask = padding_mask([4, 2], 4)
-    y, weights, cache = encoder_block_forward(block, x, mask)
+    y, weights, saved = encoder_block_forward(block, x, mask)
     np.testing.assert_allclose(y, block(x, mask=mask), atol=1e-13)
     if with_attention:
         assert weights.shape == (2, 2, 4, 4)
     else:
         assert weights is None
-    dx, grads = encoder_block_backward(R, cache)
+    dx, grads = encoder_block_backward(R, saved)
     params = named_parameters(block)
     assert grads.keys() == params.keys()
     assert_gradients_match(lambda: projection_loss(encoder_block_forward(block, x, mask)[0], R),
@@ -335,9 +335,9 @@ def test_embedding_backward_adds_up_repeated_tokens():
     embedding = rng.normal(size=(6, 3))
     tokens = np.array([[1, 4, 1], [0, 1, 2]])  # token 1 three times, 3 and 5 never
     R = rng.normal(size=(2, 3, 3))
-    x, cache = embedding_forward(embedding, tokens)
+    x, saved = embedding_forward(embedding, tokens)
     np.testing.assert_array_equal(x, embedding[tokens])
-    d_embedding = embedding_backward(R, cache)
+    d_embedding = embedding_backward(R, saved)
     np.testing.assert_array_equal(d_embedding[[3, 5]], 0.0)
     assert_gradients_match(lambda: projection_loss(embedding_forward(embedding, tokens)[0], R),
                            {"embedding": embedding}, {"embedding": d_embedding})
@@ -355,8 +355,8 @@ def test_cross_entropy_backward_matches_finite_differences_with_ignored_position
     logits = rng.normal(size=(2, 4, 5)) * 3
     targets = rng.integers(0, 5, size=(2, 4))
     targets[1, 2:] = -100  # padding
-    loss, cache = cross_entropy_forward(logits, targets)
-    d_logits = cross_entropy_backward(1.0, cache)
+    loss, saved = cross_entropy_forward(logits, targets)
+    d_logits = cross_entropy_backward(1.0, saved)
     np.testing.assert_array_equal(d_logits[1, 2:], 0.0)
     assert_gradients_match(lambda: cross_entropy_forward(logits, targets)[0],
                            {"logits": logits}, {"logits": d_logits})
@@ -369,15 +369,15 @@ def test_cross_entropy_is_the_mean_negative_log_probability_of_the_counted_targe
 
 
 def test_cross_entropy_of_huge_logits_is_finite():
-    loss, cache = cross_entropy_forward(np.array([[1e4, -1e4, 0.0]]), np.array([1]))
+    loss, saved = cross_entropy_forward(np.array([[1e4, -1e4, 0.0]]), np.array([1]))
     assert loss == pytest.approx(2e4)
-    assert np.isfinite(cross_entropy_backward(1.0, cache)).all()
+    assert np.isfinite(cross_entropy_backward(1.0, saved)).all()
 
 
 def test_cross_entropy_with_every_position_ignored_is_zero_not_nan():
-    loss, cache = cross_entropy_forward(np.ones((2, 3)), np.array([-100, -100]))
+    loss, saved = cross_entropy_forward(np.ones((2, 3)), np.array([-100, -100]))
     assert loss == 0.0
-    np.testing.assert_array_equal(cross_entropy_backward(1.0, cache), 0.0)
+    np.testing.assert_array_equal(cross_entropy_backward(1.0, saved), 0.0)
 
 
 def test_cross_entropy_refuses_bad_targets():

@@ -73,8 +73,8 @@ def test_attention_gradients_equal_torch_autograd(mask_name):
     rng = np.random.default_rng(0)
     q, k = rng.normal(size=(2, 3, 4, 6)), rng.normal(size=(2, 3, 5, 6))
     v, R = rng.normal(size=(2, 3, 5, 7)), rng.normal(size=(2, 3, 4, 7))
-    output, _, cache = attention_forward(q, k, v, mask=mask)
-    dq, dk, dv = attention_backward(R, cache)
+    output, _, saved = attention_forward(q, k, v, mask=mask)
+    dq, dk, dv = attention_backward(R, saved)
 
     tq, tk, tv = leaf(q), leaf(k), leaf(v)
     t_mask = None if mask is None else torch.from_numpy(np.ascontiguousarray(mask))
@@ -92,8 +92,8 @@ def test_multi_head_attention_gradients_equal_torch_autograd(mask_name):
     mha = randomize(MultiHeadAttention.init(d_model, num_heads, rng), rng)
     x, R = rng.normal(size=(2, T, d_model)), rng.normal(size=(2, T, d_model))
     mask = {"none": None, "causal": causal_mask(T), "padding": padding_mask([5, 3], T)}[mask_name]
-    output, _, cache = mha_forward(mha, x, mask)
-    dx, grads = mha_backward(R, cache)
+    output, _, saved = mha_forward(mha, x, mask)
+    dx, grads = mha_backward(R, saved)
 
     layer = torch.nn.MultiheadAttention(d_model, num_heads, batch_first=True,
                                         dtype=torch.float64)
@@ -128,8 +128,8 @@ def test_layer_norm_gradients_equal_torch_autograd(eps):
     rng = np.random.default_rng(2)
     norm = LayerNorm(1.0 + 0.3 * rng.normal(size=6), 0.3 * rng.normal(size=6), eps=eps)
     x, R = rng.normal(size=(3, 4, 6)) * 0.2, rng.normal(size=(3, 4, 6))
-    y, cache = layer_norm_forward(norm, x)
-    dx, grads = layer_norm_backward(R, cache)
+    y, saved = layer_norm_forward(norm, x)
+    dx, grads = layer_norm_backward(R, saved)
 
     tx, t_gamma, t_beta = leaf(x), leaf(norm.gamma), leaf(norm.beta)
     t_y = F.layer_norm(tx, (6,), t_gamma, t_beta, eps=eps)
@@ -196,8 +196,8 @@ def test_encoder_block_gradients_equal_torch_autograd(norm_first, activation, ma
         mask = causal_mask(T) & padding
         src_mask = torch.from_numpy(~causal_mask(T))  # True = may NOT attend
         key_padding = torch.from_numpy(~padding[:, 0, :])
-    y, _, cache = encoder_block_forward(block, x, mask)
-    dx, grads = encoder_block_backward(R, cache)
+    y, _, saved = encoder_block_forward(block, x, mask)
+    dx, grads = encoder_block_backward(R, saved)
 
     layer = torch.nn.TransformerEncoderLayer(
         d_model, num_heads, dim_feedforward=d_ff, dropout=0.0, activation=activation,
@@ -222,8 +222,8 @@ def test_cross_entropy_and_its_gradient_equal_torch_with_ignore_index():
     logits = rng.normal(size=(3, 4, 6)) * 4
     targets = rng.integers(0, 6, size=(3, 4))
     targets[2, 1:] = -100
-    loss, cache = cross_entropy_forward(logits, targets)
-    d_logits = cross_entropy_backward(1.0, cache)
+    loss, saved = cross_entropy_forward(logits, targets)
+    d_logits = cross_entropy_backward(1.0, saved)
 
     t_logits = leaf(logits)
     t_loss = F.cross_entropy(t_logits.reshape(-1, 6), torch.from_numpy(targets.reshape(-1)),

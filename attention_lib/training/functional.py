@@ -1,12 +1,13 @@
 """Forward and backward passes, written by hand, for every layer of a transformer (chapter 12).
 
 Every layer comes as a pair. ``*_forward`` computes what the library's layer computes (and
-gives the same numbers) and also returns a *cache*: the inputs and intermediate arrays the
-backward pass needs. ``*_backward(d_output, cache)`` takes the gradient of the loss with
-respect to the layer's output and returns the gradient with respect to its input and, for a
-layer with parameters, a dict of parameter gradients keyed by the library's field names
-(``"W_q"``, ``"gamma"``, ``"ff.W1"``, ...). A gradient always has the shape of what it is the
-gradient of.
+gives the same numbers) and also returns ``saved``: the inputs and intermediate arrays it
+saves for the backward pass (PyTorch's autograd calls them "saved tensors"; the name *cache*
+is kept for the KV cache of chapter 10). ``*_backward(d_output, saved)`` takes the gradient
+of the loss with respect to the layer's output and returns the gradient with respect to its
+input and, for a layer with parameters, a dict of parameter gradients keyed by the library's
+field names (``"W_q"``, ``"gamma"``, ``"ff.W1"``, ...). A gradient always has the shape of
+what it is the gradient of.
 
 The composite layers read their parameters from the library's own dataclasses
 (``MultiHeadAttention``, ``LayerNorm``, ``FeedForward``, ``EncoderBlock``), so a model trained
@@ -85,7 +86,7 @@ def _matmul_rows(x, W):
 
 
 def linear_forward(x, W, b=None):
-    """``y = x @ W + b``, and the cache for :func:`linear_backward`.
+    """``y = x @ W + b``, and what :func:`linear_backward` needs (``saved``).
 
     Shapes
     ------
@@ -97,7 +98,7 @@ def linear_forward(x, W, b=None):
 
     Examples
     --------
-    >>> y, cache = linear_forward(np.ones((2, 3)), np.ones((3, 4)), np.zeros(4))
+    >>> y, saved = linear_forward(np.ones((2, 3)), np.ones((3, 4)), np.zeros(4))
     >>> y.shape
     (2, 4)
     """
@@ -108,7 +109,7 @@ def linear_forward(x, W, b=None):
     return y, (x, W, b is not None)
 
 
-def linear_backward(dy, cache):
+def linear_backward(dy, saved):
     """Gradients of ``y = x @ W + b``: ``dx = dy W^T``, ``dW = x^T dy``, ``db = sum(dy)``.
 
     ``dW`` and ``db`` add up the contributions of every token of every batch entry (the
@@ -122,7 +123,7 @@ def linear_backward(dy, cache):
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    x, W, has_bias = cache
+    x, W, has_bias = saved
     d_in, d_out = W.shape
     dx = _matmul_rows(dy, W.T)  # (..., d_in)
     dy_rows = dy.reshape(-1, d_out)  # all N tokens of all batch entries as rows
@@ -151,7 +152,7 @@ def activation_forward(x, name: str = "relu"):
     return ACTIVATIONS[name](x), (x, name, None)
 
 
-def activation_backward(dy, cache):
+def activation_backward(dy, saved):
     """``dx = dy * f'(x)`` for the activation ``f`` of the forward pass.
 
     relu: ``f'(x) = [x > 0]`` (0 at the kink, as PyTorch); gelu: ``Phi(x) + x phi(x)``;
@@ -166,7 +167,7 @@ def activation_backward(dy, cache):
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    x, name, cdf = cache
+    x, name, cdf = saved
     if name == "relu":
         return dy * (x > 0)
     if name == "gelu":
@@ -186,7 +187,7 @@ def activation_backward(dy, cache):
 # ---------------------------------------------------------------------------------------------
 
 def softmax_forward(x, axis: int = -1):
-    """``p = softmax(x)`` along ``axis`` (the library's stable softmax), and the cache.
+    """``p = softmax(x)`` along ``axis`` (the library's stable softmax), and ``saved``.
 
     Shapes
     ------
@@ -200,7 +201,7 @@ def softmax_forward(x, axis: int = -1):
     return p, (p, axis)
 
 
-def softmax_backward(dp, cache):
+def softmax_backward(dp, saved):
     """``dx = p * (dp - sum(dp * p))``: the softmax Jacobian ``diag(p) - p p^T`` applied to ``dp``.
 
     Entries with ``p = 0`` (masked, ``-inf`` logits) get zero gradient, and a row that is
@@ -216,16 +217,16 @@ def softmax_backward(dp, cache):
 
     Examples
     --------
-    >>> p, cache = softmax_forward(np.zeros(2))
-    >>> softmax_backward(np.array([1.0, 0.0]), cache)
+    >>> p, saved = softmax_forward(np.zeros(2))
+    >>> softmax_backward(np.array([1.0, 0.0]), saved)
     array([ 0.25, -0.25])
     """
-    p, axis = cache
+    p, axis = saved
     return p * (dp - np.sum(dp * p, axis=axis, keepdims=True))
 
 
 def attention_forward(q, k, v, mask=None, *, scale=None):
-    """The library's scaled dot-product attention, returning ``(output, weights, cache)``.
+    """The library's scaled dot-product attention, returning ``(output, weights, saved)``.
 
     Shapes
     ------
@@ -245,7 +246,7 @@ def attention_forward(q, k, v, mask=None, *, scale=None):
     return output, weights, (q, k, v, weights, scale)
 
 
-def attention_backward(d_output, cache):
+def attention_backward(d_output, saved):
     """Gradients of ``softmax(q k^T * scale) v`` with respect to ``q``, ``k`` and ``v``.
 
     With ``P`` the weights and ``S`` the scores: ``dV = P^T dO``, ``dP = dO V^T``,
@@ -263,7 +264,7 @@ def attention_backward(d_output, cache):
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    q, k, v, weights, scale = cache
+    q, k, v, weights, scale = saved
     dv = np.swapaxes(weights, -1, -2) @ d_output  # (..., Tk, d_v)
     d_weights = d_output @ np.swapaxes(v, -1, -2)  # (..., Tq, Tk)
     d_scores = weights * (d_weights - np.sum(d_weights * weights, axis=-1, keepdims=True))
@@ -277,7 +278,7 @@ def dropout_forward(x, p: float, rng: np.random.Generator | None):
 
     The scaling keeps every entry's expected value unchanged, so the trained network is used
     as it is at evaluation time, without dropout (``p = 0`` or ``rng=None``: the identity).
-    The cache is the array of multipliers (0 or ``1/(1-p)``), None for the identity.
+    ``saved`` is the array of multipliers (0 or ``1/(1-p)``), None for the identity.
 
     Shapes
     ------
@@ -311,7 +312,7 @@ def dropout_forward(x, p: float, rng: np.random.Generator | None):
     return x * multipliers, multipliers
 
 
-def dropout_backward(dy, cache):
+def dropout_backward(dy, saved):
     """``dx = dy * multipliers``: a dropped entry passes no gradient, a kept one ``1/(1-p)``.
 
     Shapes
@@ -322,7 +323,7 @@ def dropout_backward(dy, cache):
     -----
     Derived in chapter 14, *Train a GPT on Shakespeare*.
     """
-    return dy if cache is None else dy * cache
+    return dy if saved is None else dy * saved
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,13 +334,13 @@ def mha_forward(mha, x, mask=None):
     """Multi-head self-attention with the weights of ``mha`` (a ``MultiHeadAttention``).
 
     The same steps as ``MultiHeadAttention.__call__``: project, split into heads, attend,
-    merge, project out. Grouped-query attention, RoPE and caches are not supported here.
+    merge, project out. Grouped-query attention, RoPE and KV caches are not supported here.
 
     Returns
     -------
     output : numpy.ndarray
     weights : numpy.ndarray
-    cache : tuple
+    saved : tuple
 
     Shapes
     ------
@@ -360,17 +361,17 @@ def mha_forward(mha, x, mask=None):
                          f"(got num_kv_heads={mha.num_kv_heads}, num_heads={mha.num_heads}, "
                          f"rope_base={mha.rope_base})")
     H = mha.num_heads
-    q, q_cache = linear_forward(x, mha.W_q, mha.b_q)  # (..., T, d_model)
-    k, k_cache = linear_forward(x, mha.W_k, mha.b_k)
-    v, v_cache = linear_forward(x, mha.W_v, mha.b_v)
-    heads, weights, attn_cache = attention_forward(
+    q, q_saved = linear_forward(x, mha.W_q, mha.b_q)  # (..., T, d_model)
+    k, k_saved = linear_forward(x, mha.W_k, mha.b_k)
+    v, v_saved = linear_forward(x, mha.W_v, mha.b_v)
+    heads, weights, attn_saved = attention_forward(
         split_heads(q, H), split_heads(k, H), split_heads(v, H),  # (..., H, T, d_head)
         mask=_heads_mask(mask))
-    output, o_cache = linear_forward(merge_heads(heads), mha.W_o, mha.b_o)  # (..., T, d_model)
-    return output, weights, (q_cache, k_cache, v_cache, attn_cache, o_cache, H)
+    output, o_saved = linear_forward(merge_heads(heads), mha.W_o, mha.b_o)  # (..., T, d_model)
+    return output, weights, (q_saved, k_saved, v_saved, attn_saved, o_saved, H)
 
 
-def mha_backward(d_output, cache):
+def mha_backward(d_output, saved):
     """Gradients of multi-head self-attention: ``(dx, grads)`` with ``grads`` keyed
     ``W_q W_k W_v W_o b_q b_k b_v b_o``.
 
@@ -385,12 +386,12 @@ def mha_backward(d_output, cache):
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    q_cache, k_cache, v_cache, attn_cache, o_cache, H = cache
-    d_merged, grads_W_o, grads_b_o = linear_backward(d_output, o_cache)
-    dq, dk, dv = attention_backward(split_heads(d_merged, H), attn_cache)
-    dx_q, dW_q, db_q = linear_backward(merge_heads(dq), q_cache)
-    dx_k, dW_k, db_k = linear_backward(merge_heads(dk), k_cache)
-    dx_v, dW_v, db_v = linear_backward(merge_heads(dv), v_cache)
+    q_saved, k_saved, v_saved, attn_saved, o_saved, H = saved
+    d_merged, grads_W_o, grads_b_o = linear_backward(d_output, o_saved)
+    dq, dk, dv = attention_backward(split_heads(d_merged, H), attn_saved)
+    dx_q, dW_q, db_q = linear_backward(merge_heads(dq), q_saved)
+    dx_k, dW_k, db_k = linear_backward(merge_heads(dk), k_saved)
+    dx_v, dW_v, db_v = linear_backward(merge_heads(dv), v_saved)
     grads = {"W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": grads_W_o,
              "b_q": db_q, "b_k": db_k, "b_v": db_v, "b_o": grads_b_o}
     return dx_q + dx_k + dx_v, grads
@@ -415,7 +416,7 @@ def layer_norm_forward(norm, x):
     return normalized * norm.gamma + norm.beta, (normalized, std, norm.gamma)
 
 
-def layer_norm_backward(dy, cache):
+def layer_norm_backward(dy, saved):
     """Gradients of layer norm: ``(dx, {"gamma": ..., "beta": ...})``.
 
     With ``n = (x - mean) / std`` and ``g = dy * gamma``:
@@ -430,7 +431,7 @@ def layer_norm_backward(dy, cache):
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    normalized, std, gamma = cache
+    normalized, std, gamma = saved
     d = normalized.shape[-1]
     d_normalized = dy * gamma  # (..., d)
     dx = (d_normalized
@@ -452,13 +453,13 @@ def feed_forward_forward(ff, x):
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    pre_activation, cache1 = linear_forward(x, ff.W1, ff.b1)  # (..., T, d_ff)
-    hidden, act_cache = activation_forward(pre_activation, ff.activation)
-    output, cache2 = linear_forward(hidden, ff.W2, ff.b2)  # (..., T, d_model)
-    return output, (cache1, act_cache, cache2)
+    pre_activation, saved1 = linear_forward(x, ff.W1, ff.b1)  # (..., T, d_ff)
+    hidden, act_saved = activation_forward(pre_activation, ff.activation)
+    output, saved2 = linear_forward(hidden, ff.W2, ff.b2)  # (..., T, d_model)
+    return output, (saved1, act_saved, saved2)
 
 
-def feed_forward_backward(dy, cache):
+def feed_forward_backward(dy, saved):
     """Gradients of the feed-forward network: ``(dx, {"W1", "b1", "W2", "b2"})``.
 
     Shapes
@@ -469,10 +470,10 @@ def feed_forward_backward(dy, cache):
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    cache1, act_cache, cache2 = cache
-    d_hidden, dW2, db2 = linear_backward(dy, cache2)
-    d_pre = activation_backward(d_hidden, act_cache)
-    dx, dW1, db1 = linear_backward(d_pre, cache1)
+    saved1, act_saved, saved2 = saved
+    d_hidden, dW2, db2 = linear_backward(dy, saved2)
+    d_pre = activation_backward(d_hidden, act_saved)
+    dx, dW1, db1 = linear_backward(d_pre, saved1)
     return dx, {"W1": dW1, "b1": db1, "W2": dW2, "b2": db2}
 
 
@@ -482,7 +483,7 @@ def _prefixed(prefix: str, grads: dict) -> dict:
 
 def encoder_block_forward(block, x, mask=None, *, dropout: float = 0.0,
                           rng: np.random.Generator | None = None):
-    """An ``EncoderBlock``'s forward pass (post-LN or pre-LN), returning ``(y, weights, cache)``.
+    """An ``EncoderBlock``'s forward pass (post-LN or pre-LN), returning ``(y, weights, saved)``.
 
     A block whose ``self_attn`` is None has no attention sub-layer: it is a per-position
     MLP with a residual connection (the "no attention" baseline of chapter 12); its
@@ -499,31 +500,31 @@ def encoder_block_forward(block, x, mask=None, *, dropout: float = 0.0,
     -----
     Derived in chapter 12, *Training a transformer*. Equal to ``EncoderBlock.__call__``.
     """
-    attn_cache = norm1_cache = drop1_cache = None
+    attn_saved = norm1_saved = drop1_saved = None
     weights = None
     if block.norm_first:  # x = x + attn(norm1(x)); y = x + ff(norm2(x))
         if block.self_attn is not None:
-            normed, norm1_cache = layer_norm_forward(block.norm1, x)
-            attended, weights, attn_cache = mha_forward(block.self_attn, normed, mask)
-            attended, drop1_cache = dropout_forward(attended, dropout, rng)
+            normed, norm1_saved = layer_norm_forward(block.norm1, x)
+            attended, weights, attn_saved = mha_forward(block.self_attn, normed, mask)
+            attended, drop1_saved = dropout_forward(attended, dropout, rng)
             x = x + attended
-        normed, norm2_cache = layer_norm_forward(block.norm2, x)
-        transformed, ff_cache = feed_forward_forward(block.ff, normed)
-        transformed, drop2_cache = dropout_forward(transformed, dropout, rng)
+        normed, norm2_saved = layer_norm_forward(block.norm2, x)
+        transformed, ff_saved = feed_forward_forward(block.ff, normed)
+        transformed, drop2_saved = dropout_forward(transformed, dropout, rng)
         y = x + transformed
     else:  # x = norm1(x + attn(x)); y = norm2(x + ff(x))
         if block.self_attn is not None:
-            attended, weights, attn_cache = mha_forward(block.self_attn, x, mask)
-            attended, drop1_cache = dropout_forward(attended, dropout, rng)
-            x, norm1_cache = layer_norm_forward(block.norm1, x + attended)
-        transformed, ff_cache = feed_forward_forward(block.ff, x)
-        transformed, drop2_cache = dropout_forward(transformed, dropout, rng)
-        y, norm2_cache = layer_norm_forward(block.norm2, x + transformed)
-    return y, weights, (block.norm_first, attn_cache, norm1_cache, ff_cache, norm2_cache,
-                        drop1_cache, drop2_cache)
+            attended, weights, attn_saved = mha_forward(block.self_attn, x, mask)
+            attended, drop1_saved = dropout_forward(attended, dropout, rng)
+            x, norm1_saved = layer_norm_forward(block.norm1, x + attended)
+        transformed, ff_saved = feed_forward_forward(block.ff, x)
+        transformed, drop2_saved = dropout_forward(transformed, dropout, rng)
+        y, norm2_saved = layer_norm_forward(block.norm2, x + transformed)
+    return y, weights, (block.norm_first, attn_saved, norm1_saved, ff_saved, norm2_saved,
+                        drop1_saved, drop2_saved)
 
 
-def encoder_block_backward(dy, cache):
+def encoder_block_backward(dy, saved):
     """Gradients of an encoder block: ``(dx, grads)``, ``grads`` keyed like
     ``"self_attn.W_q"``, ``"ff.W1"``, ``"norm1.gamma"``.
 
@@ -538,28 +539,28 @@ def encoder_block_backward(dy, cache):
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    (norm_first, attn_cache, norm1_cache, ff_cache, norm2_cache,
-     drop1_cache, drop2_cache) = cache
+    (norm_first, attn_saved, norm1_saved, ff_saved, norm2_saved,
+     drop1_saved, drop2_saved) = saved
     grads = {}
     if norm_first:
-        d_normed, ff_grads = feed_forward_backward(dropout_backward(dy, drop2_cache), ff_cache)
-        d_norm2_in, norm2_grads = layer_norm_backward(d_normed, norm2_cache)
+        d_normed, ff_grads = feed_forward_backward(dropout_backward(dy, drop2_saved), ff_saved)
+        d_norm2_in, norm2_grads = layer_norm_backward(d_normed, norm2_saved)
         dx = dy + d_norm2_in  # the residual path and the feed-forward path
-        if attn_cache is not None:
-            d_normed, attn_grads = mha_backward(dropout_backward(dx, drop1_cache), attn_cache)
-            d_norm1_in, norm1_grads = layer_norm_backward(d_normed, norm1_cache)
+        if attn_saved is not None:
+            d_normed, attn_grads = mha_backward(dropout_backward(dx, drop1_saved), attn_saved)
+            d_norm1_in, norm1_grads = layer_norm_backward(d_normed, norm1_saved)
             dx = dx + d_norm1_in
     else:
-        d_sum, norm2_grads = layer_norm_backward(dy, norm2_cache)
-        d_ff_in, ff_grads = feed_forward_backward(dropout_backward(d_sum, drop2_cache),
-                                                  ff_cache)
+        d_sum, norm2_grads = layer_norm_backward(dy, norm2_saved)
+        d_ff_in, ff_grads = feed_forward_backward(dropout_backward(d_sum, drop2_saved),
+                                                  ff_saved)
         dx = d_sum + d_ff_in
-        if attn_cache is not None:
-            d_sum, norm1_grads = layer_norm_backward(dx, norm1_cache)
-            d_attn_in, attn_grads = mha_backward(dropout_backward(d_sum, drop1_cache),
-                                                 attn_cache)
+        if attn_saved is not None:
+            d_sum, norm1_grads = layer_norm_backward(dx, norm1_saved)
+            d_attn_in, attn_grads = mha_backward(dropout_backward(d_sum, drop1_saved),
+                                                 attn_saved)
             dx = d_sum + d_attn_in
-    if attn_cache is not None:
+    if attn_saved is not None:
         grads |= _prefixed("self_attn", attn_grads) | _prefixed("norm1", norm1_grads)
     grads |= _prefixed("ff", ff_grads) | _prefixed("norm2", norm2_grads)
     return dx, grads
@@ -589,7 +590,7 @@ def embedding_forward(embedding, tokens):
     return embedding[tokens], (tokens, embedding.shape)
 
 
-def embedding_backward(dy, cache):
+def embedding_backward(dy, saved):
     """The embedding's gradient: row ``i`` is the sum of ``dy`` over every occurrence of
     token ``i`` (rows of tokens that did not occur stay 0).
 
@@ -601,7 +602,7 @@ def embedding_backward(dy, cache):
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    tokens, shape = cache
+    tokens, shape = saved
     d_embedding = np.zeros(shape, dtype=dy.dtype)
     np.add.at(d_embedding, tokens.reshape(-1), dy.reshape(-1, shape[1]))  # repeats add up
     return d_embedding
@@ -617,7 +618,7 @@ def cross_entropy_forward(logits, targets, ignore_index: int = -100):
     Returns
     -------
     loss : float
-    cache : tuple
+    saved : tuple
 
     Shapes
     ------
@@ -660,7 +661,7 @@ def cross_entropy_forward(logits, targets, ignore_index: int = -100):
     return loss, (log_probs, safe_targets, counts, num_counted)
 
 
-def cross_entropy_backward(d_loss, cache):
+def cross_entropy_backward(d_loss, saved):
     """``dlogits = (softmax(logits) - onehot(target)) / N`` at counted positions, 0 elsewhere.
 
     ``N`` is the number of counted positions; ``d_loss`` (1.0 for the loss itself) scales
@@ -674,7 +675,7 @@ def cross_entropy_backward(d_loss, cache):
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    log_probs, safe_targets, counts, num_counted = cache
+    log_probs, safe_targets, counts, num_counted = saved
     d_logits = np.exp(log_probs)  # the probabilities, (..., C)
     np.put_along_axis(d_logits, safe_targets[..., None],
                       np.take_along_axis(d_logits, safe_targets[..., None], axis=-1) - 1.0,

@@ -9,7 +9,7 @@ embeddings and on each sub-layer's output before it joins the residual stream.
 
 Two forward passes agree: :meth:`GPT.forward` runs the library's layers as they are (for
 sampling and evaluation); :func:`gpt_forward` runs the functional passes of
-:mod:`attention_lib.training.functional` and keeps the caches :func:`gpt_backward` needs.
+:mod:`attention_lib.training.functional` and keeps what :func:`gpt_backward` needs.
 
 Checkpoint format (:func:`save_gpt`, :func:`load_gpt`): one ``.npz`` file holding every
 parameter under its dotted name (``"blocks.0.self_attn.W_q"``, as ``training.named_parameters``
@@ -403,7 +403,7 @@ class GPT:
 
 
 def gpt_forward(model: GPT, ids, *, rng: np.random.Generator | None = None):
-    """The training forward pass, which keeps its caches: ``(logits, weights, cache)``.
+    """The training forward pass, which saves what the backward needs: ``(logits, weights, saved)``.
 
     With an ``rng`` and ``model.dropout > 0``, dropout is applied (training); without, the
     result equals ``model.forward(ids)``.
@@ -418,23 +418,23 @@ def gpt_forward(model: GPT, ids, *, rng: np.random.Generator | None = None):
     """
     ids = model.check_ids(ids)
     T = ids.shape[1]
-    x, embedding_cache = embedding_forward(model.embedding, ids)  # (B, T, d_model)
-    x, drop_cache = dropout_forward(x + model.positions[:T], model.dropout, rng)
+    x, embedding_saved = embedding_forward(model.embedding, ids)  # (B, T, d_model)
+    x, drop_saved = dropout_forward(x + model.positions[:T], model.dropout, rng)
     mask = causal_mask(T)
-    weights, block_caches = [], []
+    weights, blocks_saved = [], []
     for block in model.blocks:
-        x, block_weights, block_cache = encoder_block_forward(block, x, mask,
+        x, block_weights, block_saved = encoder_block_forward(block, x, mask,
                                                               dropout=model.dropout, rng=rng)
         weights.append(block_weights)
-        block_caches.append(block_cache)
-    x, norm_cache = layer_norm_forward(model.norm, x)
-    logits, out_cache = linear_forward(x, model.W_out)  # (B, T, V)
-    cache = (embedding_cache, drop_cache, model.positions.shape, T, block_caches, norm_cache,
-             out_cache)
-    return logits, weights, cache
+        blocks_saved.append(block_saved)
+    x, norm_saved = layer_norm_forward(model.norm, x)
+    logits, out_saved = linear_forward(x, model.W_out)  # (B, T, V)
+    saved = (embedding_saved, drop_saved, model.positions.shape, T, blocks_saved, norm_saved,
+             out_saved)
+    return logits, weights, saved
 
 
-def gpt_backward(d_logits, cache) -> dict[str, np.ndarray]:
+def gpt_backward(d_logits, saved) -> dict[str, np.ndarray]:
     """Every parameter's gradient from the gradient of the logits, keyed as
     ``model.parameters()``.
 
@@ -446,20 +446,20 @@ def gpt_backward(d_logits, cache) -> dict[str, np.ndarray]:
     -----
     Derived in chapter 14, *Train a GPT on Shakespeare*.
     """
-    (embedding_cache, drop_cache, positions_shape, T, block_caches, norm_cache,
-     out_cache) = cache
+    (embedding_saved, drop_saved, positions_shape, T, blocks_saved, norm_saved,
+     out_saved) = saved
     grads = {}
-    dx, grads["W_out"], _ = linear_backward(d_logits, out_cache)
-    dx, norm_grads = layer_norm_backward(dx, norm_cache)
+    dx, grads["W_out"], _ = linear_backward(d_logits, out_saved)
+    dx, norm_grads = layer_norm_backward(dx, norm_saved)
     grads |= {f"norm.{name}": grad for name, grad in norm_grads.items()}
-    for index in reversed(range(len(block_caches))):
-        dx, block_grads = encoder_block_backward(dx, block_caches[index])
+    for index in reversed(range(len(blocks_saved))):
+        dx, block_grads = encoder_block_backward(dx, blocks_saved[index])
         grads |= {f"blocks.{index}.{name}": grad for name, grad in block_grads.items()}
-    dx = dropout_backward(dx, drop_cache)
+    dx = dropout_backward(dx, drop_saved)
     d_positions = np.zeros(positions_shape, dtype=dx.dtype)
     d_positions[:T] = dx.sum(axis=0)  # every sequence of the batch used the same rows
     grads["positions"] = d_positions
-    grads["embedding"] = embedding_backward(dx, embedding_cache)
+    grads["embedding"] = embedding_backward(dx, embedding_saved)
     return grads
 
 
@@ -481,9 +481,9 @@ def gpt_loss_and_grads(model: GPT, ids, targets, *, rng: np.random.Generator | N
     -----
     Derived in chapter 14, *Train a GPT on Shakespeare*.
     """
-    logits, _, cache = gpt_forward(model, ids, rng=rng)
-    loss, loss_cache = cross_entropy_forward(logits, targets)
-    return loss, gpt_backward(cross_entropy_backward(1.0, loss_cache), cache)
+    logits, _, saved = gpt_forward(model, ids, rng=rng)
+    loss, loss_saved = cross_entropy_forward(logits, targets)
+    return loss, gpt_backward(cross_entropy_backward(1.0, loss_saved), saved)
 
 
 def evaluate_loss(model: GPT, data, *, context_len: int | None = None,

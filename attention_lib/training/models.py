@@ -5,7 +5,7 @@
 per position (sequence tagging, such as reversing a sequence) or, with attention pooling,
 one per sequence (classification). Its forward pass has two implementations that agree:
 ``__call__`` uses the library's layers as they are; :func:`model_forward` uses the
-functional passes of :mod:`attention_lib.training.functional` and keeps the caches that
+functional passes of :mod:`attention_lib.training.functional` and keeps what
 :func:`model_backward` needs.
 """
 
@@ -207,7 +207,7 @@ class EncoderModel:
 
 
 def model_forward(model: EncoderModel, tokens, lengths=None):
-    """The forward pass that keeps its caches: ``(logits, weights, cache)``.
+    """The forward pass that keeps what the backward pass needs: ``(logits, weights, saved)``.
 
     ``weights`` lists each block's attention weights ``(B, H, T, T)`` (None for a block
     without attention) and, with pooling, last, the pooling weights ``(B, T)``.
@@ -218,30 +218,30 @@ def model_forward(model: EncoderModel, tokens, lengths=None):
     """
     tokens = model._check_tokens(tokens)
     mask = None if lengths is None else padding_mask(lengths, tokens.shape[1])  # (B, 1, T)
-    x, embedding_cache = embedding_forward(model.embedding, tokens)  # (B, T, d_model)
+    x, embedding_saved = embedding_forward(model.embedding, tokens)  # (B, T, d_model)
     x = model._add_positions(x)
     T = tokens.shape[1]
-    weights, block_caches = [], []
+    weights, blocks_saved = [], []
     for block in model.blocks:
-        x, block_weights, block_cache = encoder_block_forward(block, x, mask)
+        x, block_weights, block_saved = encoder_block_forward(block, x, mask)
         weights.append(block_weights)
-        block_caches.append(block_cache)
-    norm_cache = pool_cache = None
+        blocks_saved.append(block_saved)
+    norm_saved = pool_saved = None
     if model.norm is not None:
-        x, norm_cache = layer_norm_forward(model.norm, x)
+        x, norm_saved = layer_norm_forward(model.norm, x)
     if model.pool_query is not None:
         query = model.pool_query[None, None, :]  # (1, 1, d_model), shared by the batch
-        x, pool_weights, pool_cache = attention_forward(query, x, x, mask=mask)  # (B, 1, d)
+        x, pool_weights, pool_saved = attention_forward(query, x, x, mask=mask)  # (B, 1, d)
         x = x[:, 0]  # (B, d_model)
         weights.append(pool_weights[:, 0])  # (B, T)
-    logits, out_cache = linear_forward(x, model.W_out, model.b_out)
+    logits, out_saved = linear_forward(x, model.W_out, model.b_out)
     positions_shape = None if model.positions is None else model.positions.shape
-    cache = (embedding_cache, positions_shape, T, block_caches, norm_cache, pool_cache,
-             out_cache)
-    return logits, weights, cache
+    saved = (embedding_saved, positions_shape, T, blocks_saved, norm_saved, pool_saved,
+             out_saved)
+    return logits, weights, saved
 
 
-def model_backward(d_logits, cache) -> dict[str, np.ndarray]:
+def model_backward(d_logits, saved) -> dict[str, np.ndarray]:
     """The gradient of the loss with respect to every parameter of the model, from the
     gradient of its logits; keyed as :func:`named_parameters` names the model's arrays.
 
@@ -249,25 +249,25 @@ def model_backward(d_logits, cache) -> dict[str, np.ndarray]:
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    (embedding_cache, positions_shape, T, block_caches, norm_cache, pool_cache,
-     out_cache) = cache
+    (embedding_saved, positions_shape, T, blocks_saved, norm_saved, pool_saved,
+     out_saved) = saved
     grads = {}
-    dx, grads["W_out"], grads["b_out"] = linear_backward(d_logits, out_cache)
-    if pool_cache is not None:
-        d_query, d_keys, d_values = attention_backward(dx[:, None, :], pool_cache)
+    dx, grads["W_out"], grads["b_out"] = linear_backward(d_logits, out_saved)
+    if pool_saved is not None:
+        d_query, d_keys, d_values = attention_backward(dx[:, None, :], pool_saved)
         dx = d_keys + d_values  # the keys and the values are both x
         grads["pool_query"] = d_query.reshape(-1)
-    if norm_cache is not None:
-        dx, norm_grads = layer_norm_backward(dx, norm_cache)
+    if norm_saved is not None:
+        dx, norm_grads = layer_norm_backward(dx, norm_saved)
         grads |= {f"norm.{name}": grad for name, grad in norm_grads.items()}
-    for index in reversed(range(len(block_caches))):
-        dx, block_grads = encoder_block_backward(dx, block_caches[index])
+    for index in reversed(range(len(blocks_saved))):
+        dx, block_grads = encoder_block_backward(dx, blocks_saved[index])
         grads |= {f"blocks.{index}.{name}": grad for name, grad in block_grads.items()}
     if positions_shape is not None:
         d_positions = np.zeros(positions_shape, dtype=dx.dtype)
         d_positions[:T] = dx.sum(axis=0)  # every sequence of the batch used the same rows
         grads["positions"] = d_positions
-    grads["embedding"] = embedding_backward(dx, embedding_cache)
+    grads["embedding"] = embedding_backward(dx, embedding_saved)
     return grads
 
 
@@ -290,7 +290,7 @@ def loss_and_grads(model: EncoderModel, tokens, targets, lengths=None, *,
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    logits, _, cache = model_forward(model, tokens, lengths)
-    loss, loss_cache = cross_entropy_forward(logits, targets, ignore_index=ignore_index)
-    d_logits = cross_entropy_backward(1.0, loss_cache)
-    return loss, model_backward(d_logits, cache)
+    logits, _, saved = model_forward(model, tokens, lengths)
+    loss, loss_saved = cross_entropy_forward(logits, targets, ignore_index=ignore_index)
+    d_logits = cross_entropy_backward(1.0, loss_saved)
+    return loss, model_backward(d_logits, saved)
