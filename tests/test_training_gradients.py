@@ -270,6 +270,13 @@ def test_mha_forward_refuses_grouped_query_attention():
         mha_forward(mha, np.ones((3, 8)))
 
 
+def test_mha_forward_refuses_an_output_gate_it_has_no_backward_pass_for():
+    # A gated layer trained as if ungated would silently learn the wrong function.
+    mha = MultiHeadAttention.init(8, 4, np.random.default_rng(0), gate="headwise")
+    with pytest.raises(ValueError, match=r"output gate W_g of shape \(8, 4\)"):
+        mha_forward(mha, np.ones((3, 8)))
+
+
 def test_layer_norm_backward_matches_finite_differences():
     rng = np.random.default_rng(12)
     norm = LayerNorm(1.0 + 0.3 * rng.normal(size=6), 0.3 * rng.normal(size=6), eps=1e-5)

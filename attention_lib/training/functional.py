@@ -334,7 +334,8 @@ def mha_forward(mha, x, mask=None):
     """Multi-head self-attention with the weights of ``mha`` (a ``MultiHeadAttention``).
 
     The same steps as ``MultiHeadAttention.__call__``: project, split into heads, attend,
-    merge, project out. Grouped-query attention, RoPE and KV caches are not supported here.
+    merge, project out. Grouped-query attention, RoPE, an output gate and KV caches are not
+    supported here.
 
     Returns
     -------
@@ -350,16 +351,17 @@ def mha_forward(mha, x, mask=None):
     Raises
     ------
     ValueError
-        If ``mha`` uses grouped-query attention or RoPE.
+        If ``mha`` uses grouped-query attention, RoPE or an output gate.
 
     Notes
     -----
     Derived in chapter 12, *Training a transformer*.
     """
-    if mha.num_kv_heads != mha.num_heads or mha.rope_base is not None:
+    gate = None if mha.W_g is None else mha.W_g.shape
+    if mha.num_kv_heads != mha.num_heads or mha.rope_base is not None or gate is not None:
         raise ValueError("mha_forward supports plain multi-head attention only "
                          f"(got num_kv_heads={mha.num_kv_heads}, num_heads={mha.num_heads}, "
-                         f"rope_base={mha.rope_base})")
+                         f"rope_base={mha.rope_base}, an output gate W_g of shape {gate})")
     H = mha.num_heads
     q, q_saved = linear_forward(x, mha.W_q, mha.b_q)  # (..., T, d_model)
     k, k_saved = linear_forward(x, mha.W_k, mha.b_k)
