@@ -5,6 +5,8 @@
 #              about 400 MB with --no-install-recommends; poppler-utils for pdftotext.
 # Usage: bash scripts/install_system_packages.sh [chromium] [tex]
 set -euo pipefail
+# (No `grep -q` after a pipe: it exits at the first match, the writer dies of SIGPIPE, and
+# pipefail would then report the fonts missing and reinstall TeX Live on every run.)
 
 wanted=()
 for part in "$@"; do
@@ -14,7 +16,7 @@ for part in "$@"; do
         tex)
             if ! command -v xelatex > /dev/null || ! command -v latexmk > /dev/null \
                     || ! command -v xindy > /dev/null || ! command -v pdftotext > /dev/null \
-                    || ! fc-list 2>/dev/null | grep -qi freeserif \
+                    || ! fc-list 2>/dev/null | grep -i freeserif > /dev/null \
                     || ! kpsewhich fncychap.sty > /dev/null 2>&1; then
                 wanted+=(texlive-xetex texlive-latex-extra texlive-latex-recommended
                          texlive-fonts-recommended latexmk fonts-freefont-otf xindy

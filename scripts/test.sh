@@ -6,36 +6,28 @@
 # (CPU), Debian's chromium and TeX Live, and axe-core from npm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh dev
-
-# PyTorch's CPU build for the parity tests (not in requirements-dev.txt: PyPI has no CPU-only
-# Linux build). pip finds it in a local wheel directory when the machine has one, else on
-# PyTorch's own CPU index.
-TORCH=torch==2.13.0+cpu
-if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
-    echo "== installing PyTorch 2.13.0 (CPU build) for the parity tests"
-    .venv/bin/python -m pip install --quiet "$TORCH" 2>/dev/null \
-        || .venv/bin/python -m pip install --quiet "$TORCH" \
-            --extra-index-url https://download.pytorch.org/whl/cpu
-fi
-
-CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
-export CHROMIUM
-# Debian's chromium for the browser tests, TeX Live for the PDF test.
-bash scripts/install_system_packages.sh chromium tex
-# axe-core for the accessibility checks, pinned by tests/browser/package-lock.json.
-if [ ! -f tests/browser/node_modules/axe-core/axe.min.js ]; then
-    echo "== installing axe-core (npm ci)"
-    npm ci --prefix tests/browser --no-audit --no-fund --silent
-fi
+bash scripts/setup_test_tools.sh
 
 echo "== ruff"
 .venv/bin/ruff check .
-echo "== pytest"
-# One BLAS thread per test process: two xdist workers already use both cores. The notebooks'
-# kernels run with 2 (tests/conftest.py), the Binder-environment run with 1 on a foreign CPU
-# configuration (tests/test_binder_env.py): stored outputs must hold under both.
-export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# loadfile keeps each notebook's cells (and the site tests) on one worker.
-.venv/bin/python -m pytest -n 2 --dist loadfile --durations=25 \
-    --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg "$@"
+# One BLAS thread per test process: two processes already use both cores. The notebooks'
+# native re-run below is the one step with 2 BLAS threads, and it runs alone; the Binder-
+# environment re-run uses 1 thread on a foreign CPU configuration (tests/test_binder_env.py):
+# stored outputs must hold under both.
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+NBVAL=(--nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg)
+if [ $# -gt 0 ]; then
+    # Some tests only (e.g. `bash scripts/test.sh tests/test_softmax.py book/02_softmax.ipynb`).
+    echo "== pytest $*"
+    exec .venv/bin/python -m pytest -n 2 --nbval "${NBVAL[@]}" "$@"
+fi
+echo "== pytest: the library, the site, the PDF and the Binder environment (2 processes)"
+# Two workers take the work longest unit first (tests/conftest.py): the Binder environment and
+# the builds start at once, each built once and shared by both workers (tests/shared_build.py).
+status=0
+.venv/bin/python -m pytest -n 2 --durations=15 || status=$?
+echo "== pytest: every notebook re-run natively by nbval (one process, 2 BLAS threads)"
+mapfile -t notebooks < <(.venv/bin/python -c \
+    'import sys; sys.path.insert(0, "tests"); from book_toc import toc_notebooks; print(*toc_notebooks(), sep="\n")')
+.venv/bin/python -m pytest --nbval "${NBVAL[@]}" --durations=5 "${notebooks[@]}" || status=$?
+exit "$status"

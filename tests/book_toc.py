@@ -22,3 +22,8 @@ def book_notebooks() -> list[str]:
         for path in (ROOT / "book").rglob("*.ipynb")
         if ".ipynb_checkpoints" not in path.parts and "_build" not in path.parts
     )
+
+
+def toc_notebooks() -> list[str]:
+    """The notebooks that _toc.yml lists, in book order, as paths from the repository root."""
+    return [f"{name}.ipynb" for name in toc_entries() if (ROOT / f"{name}.ipynb").exists()]

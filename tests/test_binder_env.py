@@ -11,6 +11,7 @@ it fails here.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -19,6 +20,8 @@ import venv
 
 import pytest
 from book_toc import ROOT, toc_entries
+from filelock import FileLock
+from shared_build import shared_folder
 
 
 def test_runtime_txt_names_the_python_the_course_is_tested_with():
@@ -48,37 +51,55 @@ def test_requirements_txt_holds_no_test_tools():
     assert sorted(reader.keys() & dev.keys()) == [], "pinned in both files"
 
 
-@pytest.fixture(scope="module")
-def binder_python(tmp_path_factory) -> pathlib.Path:
-    """A virtual environment built only from runtime.txt, requirements.txt and postBuild."""
-    env_dir = tmp_path_factory.mktemp("binder") / "env"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    python = env_dir / "bin" / "python"
-    run = {"cwd": ROOT, "check": True, "capture_output": True, "text": True, "timeout": 900}
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "-r", "requirements.txt"], **run)
-    post_build = ROOT / "postBuild"
-    if post_build.exists():
-        env = {**os.environ, "PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ['PATH']}"}
-        subprocess.run(["bash", str(post_build)], env=env, **run)
-    return python
+def build_binder_environment(folder: pathlib.Path) -> dict:
+    """Build, once per test run, a virtual environment from runtime.txt, requirements.txt and
+    postBuild alone; record which of PyTorch and the test tools it can import; then add the
+    pinned test runner (pytest, nbval) to re-run the notebooks in it. Returns the record."""
+    record = folder / "binder.json"
+    with FileLock(str(folder / "binder.lock")):
+        if not record.exists():
+            env_dir = folder / "binder-env"
+            venv.EnvBuilder(with_pip=True).create(env_dir)
+            python = env_dir / "bin" / "python"
+            run = {"cwd": ROOT, "check": True, "capture_output": True, "text": True,
+                   "timeout": 900}
+            # --no-compile: no .pyc files written ahead for every installed module (Python
+            # writes those a notebook imports when it first imports them): the same packages.
+            subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-compile", "-r",
+                            "requirements.txt"], **run)
+            post_build = ROOT / "postBuild"
+            if post_build.exists():
+                env = {**os.environ,
+                       "PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+                subprocess.run(["bash", str(post_build)], env=env, **run)
+            # What a reader's environment holds, before the test runner is added below.
+            importable = [module for module in ("torch", "pytest", "nbval")
+                          if subprocess.run([python, "-c", f"import {module}"],
+                                            capture_output=True).returncode == 0]
+            runner = [pin for name, pin in pinned(ROOT / "requirements-dev.txt").items()
+                      if name in TEST_RUNNER]
+            subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-compile", *runner],
+                           **run)
+            record.write_text(json.dumps({"python": str(python),
+                                          "importable_before_the_runner": importable}))
+    return json.loads(record.read_text())
 
 
 @pytest.fixture(scope="module")
-def binder_python_with_nbval(binder_python) -> pathlib.Path:
-    """The Binder environment plus the pinned test runner, to re-run the notebooks in it."""
-    runner = [pin for name, pin in pinned(ROOT / "requirements-dev.txt").items()
-              if name in TEST_RUNNER]
-    subprocess.run([binder_python, "-m", "pip", "install", "--quiet", *runner],
-                   check=True, capture_output=True, text=True, timeout=900)
-    return binder_python
+def binder_environment(tmp_path_factory, worker_id) -> dict:
+    return build_binder_environment(shared_folder(tmp_path_factory, worker_id))
 
 
-def test_binder_environment_has_no_pytorch_and_no_test_tools(binder_python):
+@pytest.fixture(scope="module")
+def binder_python(binder_environment) -> pathlib.Path:
+    """The Binder environment's interpreter (with the test runner added after the check)."""
+    return pathlib.Path(binder_environment["python"])
+
+
+def test_binder_environment_has_no_pytorch_and_no_test_tools(binder_environment):
     # Readers need neither PyTorch nor the tests' tools; the chapters must run without them.
-    # (This runs before the notebook test below adds the test runner to the same environment.)
-    for module in ("torch", "pytest", "nbval"):
-        result = subprocess.run([binder_python, "-c", f"import {module}"], capture_output=True)
-        assert result.returncode != 0, f"{module} is in the Binder environment"
+    # Checked when the environment was built, before the test runner was added to it.
+    assert binder_environment["importable_before_the_runner"] == []
 
 
 # Another CPU than the one the notebooks were executed on: OpenBLAS forced to an old kernel
@@ -124,15 +145,29 @@ def test_the_foreign_cpu_configuration_takes_effect(binder_python):
     assert foreign_kernel != native_kernel, f"OpenBLAS kept its {native_kernel} kernel"
 
 
-def test_every_notebook_runs_in_the_binder_environment_on_a_foreign_cpu(
-        binder_python_with_nbval):
-    notebooks = [f"{name}.ipynb" for name in toc_entries() if (ROOT / f"{name}.ipynb").exists()]
-    assert notebooks
+def foreign_environment() -> dict[str, str]:
+    """This process's environment on the foreign CPU configuration, without the settings of
+    the outer test run (its extra pytest options, its xdist worker's identity)."""
+    outer = ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
+             "PYTEST_XDIST_TESTRUNUID", "PYTEST_CURRENT_TEST")
+    return {**{key: value for key, value in os.environ.items() if key not in outer},
+            **FOREIGN_CPU}
+
+
+NOTEBOOKS = [f"{name}.ipynb" for name in toc_entries() if (ROOT / f"{name}.ipynb").exists()]
+
+
+def test_the_foreign_cpu_run_covers_every_notebook_in_the_toc():
+    assert len(NOTEBOOKS) > 10 and all(name.startswith("book/") for name in NOTEBOOKS)
+
+
+# One test per notebook, so that the test processes share the re-runs between them.
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_notebook_runs_in_the_binder_environment_on_a_foreign_cpu(binder_python, notebook):
     result = subprocess.run(
-        [binder_python_with_nbval, "-m", "pytest", "--nbval", "--nbval-current-env",
+        [binder_python, "-m", "pytest", "--nbval", "--nbval-current-env",
          "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "-p", "no:cacheprovider",
-         "-o", "addopts=", "-q", *notebooks],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800,
-        env={**os.environ, **FOREIGN_CPU},
+         "-o", "addopts=", "-q", notebook],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env=foreign_environment(),
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

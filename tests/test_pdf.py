@@ -1,10 +1,11 @@
 """The whole book builds as one PDF (scripts/build_pdf.sh), and the PDF is complete.
 
-The build runs once per session into a temporary folder, the way scripts/build_pdf.sh runs it
-(Jupyter Book's LaTeX builder with xelatex). The checks read the PDF's text with pdftotext and
-the LaTeX log: every chapter is there with its title, no cross-reference is left unresolved
-("??"), no character is missing from the fonts, no line runs off the page, and the exercises'
-solutions are printed.
+The build runs once per test run into a temporary folder, the way scripts/build_pdf.sh runs it
+(Jupyter Book's LaTeX builder with xelatex), after the site tests' HTML build in the same
+folder, whose parsed sources it reuses (tests/shared_build.py). The checks read the PDF's text
+with pdftotext and the LaTeX log: every chapter is there with its title, no cross-reference
+is left unresolved ("??"), no character is missing from the fonts, no line runs off the page,
+and the exercises' solutions are printed.
 """
 
 from __future__ import annotations
@@ -13,31 +14,24 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 import yaml
 from book_toc import ROOT, toc_entries
+from shared_build import pdf_build, shared_folder
 
 PDF_NAME = "attention-step-by-step"
 
 
 @pytest.fixture(scope="module")
-def pdf(tmp_path_factory):
-    """Build the PDF once; return (text of the PDF, LaTeX log, number of pages)."""
+def pdf(tmp_path_factory, worker_id):
+    """Build the PDF once per test run; return (text of the PDF, LaTeX log, number of pages)."""
     for tool in ("xelatex", "latexmk", "pdftotext", "pdfinfo"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} is missing: scripts/test.sh installs TeX Live and poppler")
-    output = tmp_path_factory.mktemp("pdf")
-    jupyter_book = ROOT / ".venv" / "bin" / "jupyter-book"
-    if not jupyter_book.exists():
-        jupyter_book = shutil.which("jupyter-book") or f"{sys.prefix}/bin/jupyter-book"
-    result = subprocess.run(
-        [str(jupyter_book), "build", str(ROOT), "--builder", "pdflatex", "--path-output",
-         str(output)], capture_output=True, text=True, timeout=1500)
-    latex = output / "_build" / "latex"
+    latex, build_log, returncode = pdf_build(shared_folder(tmp_path_factory, worker_id))
     path = latex / f"{PDF_NAME}.pdf"
-    assert result.returncode == 0 and path.exists(), result.stdout[-3000:] + result.stderr[-2000:]
+    assert returncode == 0 and path.exists(), build_log[-5000:]
     text = subprocess.run(["pdftotext", "-layout", str(path), "-"], capture_output=True,
                           text=True, check=True).stdout
     info = subprocess.run(["pdfinfo", str(path)], capture_output=True, text=True,
