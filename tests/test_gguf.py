@@ -170,7 +170,8 @@ def test_q4_1_nibble_order():
 
 def test_dequantize_rejects_wrong_sizes_and_types():
     raw = np.zeros(20, dtype=np.uint8)
-    with pytest.raises(ValueError, match="takes 40 bytes; got 20"):
+    with pytest.raises(ValueError, match=r"raw has 20 bytes, but a Q4_1 tensor of shape "
+                                         r"\(2, 32\) takes 40 bytes"):
         dequantize(raw, "Q4_1", (2, 32))
     with pytest.raises(ValueError, match="multiple of 32"):
         dequantize(raw, "Q4_1", (20,))
@@ -255,3 +256,117 @@ def test_real_smollm2_file():
                                              info.ggml_type)
             np.testing.assert_allclose(values[32 * b:32 * (b + 1)], expected, rtol=1e-6,
                                        atol=1e-7)
+
+
+# --------------------------------------------------------------------------- K-quants
+
+def slow_q4_k_block(block: bytes) -> list[float]:
+    """``dequantize_row_q4_K`` and ``get_scale_min_k4`` of ggml-quants.c, one block, loop by
+    loop in Python, with every product rounded to float32 as the C code rounds it."""
+    f32 = np.float32
+    d, dmin = (f32(x) for x in np.frombuffer(block[:4], np.float16))
+    scales, q = block[4:16], block[16:144]
+
+    def scale_min(j):
+        if j < 4:
+            return scales[j] & 63, scales[j + 4] & 63
+        return ((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4),
+                (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4))
+
+    out, offset, index = [], 0, 0
+    for _ in range(0, 256, 64):
+        sc, m = scale_min(index)
+        d1, m1 = f32(d * f32(sc)), f32(dmin * f32(m))
+        sc, m = scale_min(index + 1)
+        d2, m2 = f32(d * f32(sc)), f32(dmin * f32(m))
+        out += [f32(f32(d1 * f32(q[offset + j] & 0xF)) - m1) for j in range(32)]
+        out += [f32(f32(d2 * f32(q[offset + j] >> 4)) - m2) for j in range(32)]
+        offset, index = offset + 32, index + 2
+    return out
+
+
+def slow_q6_k_block(block: bytes) -> list[float]:
+    """``dequantize_row_q6_K`` of ggml-quants.c, one block, loop by loop in Python."""
+    f32 = np.float32
+    ql, qh = block[:128], block[128:192]
+    sc = struct.unpack("<16b", block[192:208])
+    d = f32(np.frombuffer(block[208:210], np.float16)[0])
+    out = [f32(0)] * 256
+    for half in range(2):
+        y, lo, hi, s = 128 * half, 64 * half, 32 * half, 8 * half
+        for j in range(32):
+            i = j // 16
+            q1 = ((ql[lo + j] & 0xF) | (((qh[hi + j] >> 0) & 3) << 4)) - 32
+            q2 = ((ql[lo + j + 32] & 0xF) | (((qh[hi + j] >> 2) & 3) << 4)) - 32
+            q3 = ((ql[lo + j] >> 4) | (((qh[hi + j] >> 4) & 3) << 4)) - 32
+            q4 = ((ql[lo + j + 32] >> 4) | (((qh[hi + j] >> 6) & 3) << 4)) - 32
+            for k, code in enumerate((q1, q2, q3, q4)):
+                out[y + 32 * k + j] = f32(f32(d * f32(sc[s + i + 2 * k])) * f32(code))
+    return out
+
+
+def random_k_blocks(rng, ggml_type: str, count: int) -> np.ndarray:
+    """Random bytes, with finite float16 numbers where the block keeps d (and dmin)."""
+    block_bytes, float_at = {"Q4_K": (144, (0, 2)), "Q6_K": (210, (208,))}[ggml_type]
+    raw = rng.integers(0, 256, size=(count, block_bytes), dtype=np.uint8)
+    for start in float_at:
+        numbers = rng.normal(size=(count, 1)) * 10.0 ** rng.uniform(-6, 1, size=(count, 1))
+        raw[:, start:start + 2] = numbers.astype("<f2").view(np.uint8)
+    return raw
+
+
+@pytest.mark.parametrize("ggml_type, slow", [("Q4_K", slow_q4_k_block),
+                                             ("Q6_K", slow_q6_k_block)])
+def test_k_quants_equal_a_loop_transcription_of_ggml(ggml_type, slow):
+    blocks = random_k_blocks(np.random.default_rng(11), ggml_type, 40)
+    values = dequantize(blocks, ggml_type, (8, 5 * 256))  # 5 super-blocks per row
+    assert values.dtype == np.float32 and values.shape == (8, 1280)
+    expected = [x for block in blocks for x in slow(block.tobytes())]
+    np.testing.assert_array_equal(values.reshape(-1), np.float32(expected))
+
+
+def test_q4_k_block_built_from_its_fields():
+    """A block written field by field: the value of sub-block j, code c is
+    d * sc[j] * c - dmin * mn[j], with the 6-bit scales packed as get_scale_min_k4 reads them."""
+    rng = np.random.default_rng(12)
+    sc, mn = rng.integers(0, 64, 8), rng.integers(0, 64, 8)
+    codes = rng.integers(0, 16, size=(8, 32))
+    packed = np.zeros(12, np.int64)
+    packed[0:4] = sc[:4] | ((sc[4:] >> 4) << 6)
+    packed[4:8] = mn[:4] | ((mn[4:] >> 4) << 6)
+    packed[8:12] = (sc[4:] & 0xF) | ((mn[4:] & 0xF) << 4)
+    qs = (codes[0::2] | (codes[1::2] << 4)).reshape(-1)  # run i: sub-blocks 2i (low), 2i + 1
+    d, dmin = 0.5, 0.25  # powers of two: every value below is exact
+    block = (np.float16([d, dmin]).tobytes() + packed.astype(np.uint8).tobytes()
+             + qs.astype(np.uint8).tobytes())
+    values = dequantize(np.frombuffer(block, np.uint8), "Q4_K", (256,)).reshape(8, 32)
+    np.testing.assert_array_equal(values, d * sc[:, None] * codes - dmin * mn[:, None])
+
+
+def test_q6_k_block_built_from_its_fields():
+    rng = np.random.default_rng(13)
+    codes = rng.integers(0, 64, size=256)  # stored codes; value (code - 32) * d * scale
+    scales = rng.integers(-128, 128, size=16)
+    ql, qh = np.zeros(128, np.int64), np.zeros(64, np.int64)
+    for half in range(2):
+        c = codes[128 * half:128 * (half + 1)].reshape(4, 32)  # c[k, l] is value 32 k + l
+        ql[64 * half:64 * half + 32] = (c[0] & 0xF) | ((c[2] & 0xF) << 4)
+        ql[64 * half + 32:64 * half + 64] = (c[1] & 0xF) | ((c[3] & 0xF) << 4)
+        qh[32 * half:32 * half + 32] = sum((c[k] >> 4) << (2 * k) for k in range(4))
+    d = 0.125
+    block = (ql.astype(np.uint8).tobytes() + qh.astype(np.uint8).tobytes()
+             + scales.astype(np.int8).tobytes() + np.float16(d).tobytes())
+    values = dequantize(np.frombuffer(block, np.uint8), "Q6_K", (256,))
+    np.testing.assert_array_equal(values, d * np.repeat(scales, 16) * (codes - 32))
+
+
+def test_k_quants_reject_bad_sizes():
+    raw = np.zeros(145, np.uint8)  # one byte more than a Q4_K block
+    with pytest.raises(ValueError, match=r"raw has 145 bytes, but a Q4_K tensor of shape "
+                                         r"\(256,\) takes 144 bytes \(144 per block of 256\)"):
+        dequantize(raw, "Q4_K", (256,))
+    with pytest.raises(ValueError, match=r"raw has 209 bytes.* takes 210 bytes"):
+        dequantize(np.zeros(209, np.uint8), "Q6_K", (256,))
+    with pytest.raises(ValueError, match=r"multiple of 256 numbers; got shape \(2, 576\)"):
+        dequantize(np.zeros(2 * 576 // 256 * 144, np.uint8), "Q4_K", (2, 576))
+    assert GGML_TYPES["Q4_K"] == 12 and GGML_TYPES["Q6_K"] == 14

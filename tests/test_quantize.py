@@ -23,14 +23,18 @@ import numpy as np
 import pytest
 from model_helpers import HAVE_SMOLLM2_WEIGHTS, SMOLLM2_WEIGHTS_INSTALL
 
-from attention_lib.models.gguf import GGML_TYPES, dequantize, read_gguf
+from attention_lib.models.gguf import GGML_TYPES, GGUFTensorInfo, dequantize, read_gguf
 from attention_lib.models.quantize import (
+    LLAMA_FTYPES,
     QUANTIZE_TYPES,
+    llama_quantize_model,
+    llama_quantize_types,
     next_token_kl,
     perplexity,
     quantize,
     quantize_model,
     quantized_nbytes,
+    requantized_in_place,
     round_trip,
 )
 
@@ -267,7 +271,7 @@ def test_q4_0_dequantize_reads_the_block_layout():
     values = dequantize(np.frombuffer(block, np.uint8), "Q4_0", (32,))
     assert values.tolist() == [0.375 * (int(c) - 8) for c in codes]
     assert GGML_TYPES["Q4_0"] == 2
-    with pytest.raises(ValueError, match="takes 36 bytes; got 18"):
+    with pytest.raises(ValueError, match="raw has 18 bytes, but .* takes 36 bytes"):
         dequantize(np.frombuffer(block, np.uint8), "Q4_0", (2, 32))
 
 
@@ -372,29 +376,208 @@ def test_fewer_bits_move_the_predictions_more(model):
 
 def test_committed_measurement_matches_the_library(smollm2_file):
     """attention_lib/data/smollm2_quantization.json (scripts/measure_quantization.py): its
-    sizes are the library's, its text starts at chapter 14's validation cut, and its numbers
-    order as the bits do."""
+    sizes and layouts are the library's rule applied to the file, its text starts at chapter
+    14's validation cut, its summaries are the means of its windows, and the 8-bit tied
+    embedding is what separates the Q4_0 layout from --pure."""
     import json
 
     from attention_lib.training.gpt import DATA_DIR, load_shakespeare_text
 
     results = json.loads((DATA_DIR / "smollm2_quantization.json").read_text())
     versions = results["versions"]
-    assert list(versions) == ["reference (F32)", "F16", "Q8_0", "Q4_1", "Q4_0"]
-    for row in versions.values():
-        expected = sum(quantized_nbytes(info.shape, "F32" if len(info.shape) == 1
-                                        else row["ggml_type"])
-                       for info in smollm2_file.tensors.values())
-        assert row["nbytes"] == expected
-    assert results["file"]["tensor_nbytes"] == sum(
-        info.nbytes for info in smollm2_file.tensors.values())
-    assert versions["Q4_1"]["changed_matrices"] == 1  # only the Q8_0 embedding moves
+    assert list(versions) == ["reference (Q4_1 file)", "F16", "Q8_0", "Q4_0", "Q4_0 --pure",
+                              "Q4_1 + Q4_0 embedding"]
+    arguments = {"F16": ("F16", {}), "Q8_0": ("Q8_0", {}), "Q4_0": ("Q4_0", {}),
+                 "Q4_0 --pure": ("Q4_0", {"pure": True}),
+                 "Q4_1 + Q4_0 embedding": ("Q4_1", {"token_embedding_type": "Q4_0"})}
+    for name, (ftype, kwargs) in arguments.items():
+        types = llama_quantize_types(smollm2_file, ftype, **kwargs)
+        row = versions[name]
+        assert row["nbytes"] == sum(quantized_nbytes(info.shape, types[tensor])
+                                    for tensor, info in smollm2_file.tensors.items()), name
+        changed = sum(types[tensor] != info.ggml_type
+                      for tensor, info in smollm2_file.tensors.items())
+        assert row["requantized_tensors"] == changed, name
+    assert versions["Q4_0"]["requantized_tensors"] == 210  # the embedding stays Q8_0
+    assert versions["Q4_0 --pure"]["requantized_tensors"] == 211
+    assert versions["Q4_1 + Q4_0 embedding"]["requantized_tensors"] == 1
+    assert versions["reference (Q4_1 file)"]["nbytes"] == results["file"]["tensor_nbytes"]
+    settings = results["settings"]
     text = load_shakespeare_text()
-    start, end = results["settings"]["text_span"]
+    start, end = settings["text_span"]
     assert start == int(0.9 * len(text)) and end > start
-    kl = [row["mean_kl"] for row in versions.values()]
-    assert kl[0] == 0 and kl == sorted(kl)
-    assert versions["reference (F32)"]["perplexity"] < versions["Q4_0"]["perplexity"]
+    assert settings["num_tokens"] == settings["windows"] * settings["n_ctx"]
+    for row in versions.values():
+        windows = row["windows"]
+        assert len(windows) == settings["windows"]
+        nll = np.mean([w["nll"] for w in windows])
+        assert row["perplexity"] == pytest.approx(np.exp(nll), rel=1e-12)
+        assert row["mean_kl"] == pytest.approx(np.mean([w["kl"] for w in windows]), rel=1e-12)
+    assert versions["reference (Q4_1 file)"]["mean_kl"] == 0
+    kl = {name: row["mean_kl"] for name, row in versions.items()}
+    assert 0 < kl["F16"] < kl["Q8_0"] < kl["Q4_0"] < kl["Q4_0 --pure"]
+
+
+# --- llama-quantize's per-tensor rule ----------------------------------------------------------
+
+class FakeFile:
+    """The tensor table of a GGUF file: names, NumPy shapes, stored types."""
+
+    def __init__(self, tensors):
+        self.tensors = {name: GGUFTensorInfo(name, shape, ggml_type, 0, 0)
+                        for name, shape, ggml_type in tensors}
+
+
+def smollm2_table(num_layers=30, output=None):
+    """SmolLM2-135M's tensors as its file lists them (d_model 576, 192 = 3 key/value heads
+    of 64, d_ff 1536), optionally with an untied output matrix of ``output`` columns."""
+    tensors = [("token_embd.weight", (49152, 576), "Q8_0")]
+    for i in range(num_layers):
+        tensors += [(f"blk.{i}.attn_norm.weight", (576,), "F32"),
+                    (f"blk.{i}.attn_q.weight", (576, 576), "Q4_1"),
+                    (f"blk.{i}.attn_k.weight", (192, 576), "Q4_1"),
+                    (f"blk.{i}.attn_v.weight", (192, 576), "Q4_1"),
+                    (f"blk.{i}.attn_output.weight", (576, 576), "Q4_1"),
+                    (f"blk.{i}.ffn_norm.weight", (576,), "F32"),
+                    (f"blk.{i}.ffn_gate.weight", (1536, 576), "Q4_1"),
+                    (f"blk.{i}.ffn_up.weight", (1536, 576), "Q4_1"),
+                    (f"blk.{i}.ffn_down.weight", (576, 1536), "Q4_1")]
+    tensors.append(("output_norm.weight", (576,), "F32"))
+    if output is not None:
+        tensors.append(("output.weight", (49152, output), "F16"))
+    return FakeFile(tensors)
+
+
+def count(types, part=""):
+    counts = {}
+    for name, ggml_type in types.items():
+        if part in name:
+            counts[ggml_type] = counts.get(ggml_type, 0) + 1
+    return counts
+
+
+def test_the_tied_embedding_is_kept_at_8_bits_as_the_output_tensor():
+    table = smollm2_table()
+    for ftype in ("Q4_0", "Q4_1", "Q8_0"):
+        types = llama_quantize_types(table, ftype)
+        # Q6_K first (the output tensor's type), which falls back to Q8_0: 576 % 256 != 0.
+        assert types["token_embd.weight"] == "Q8_0", ftype
+        assert count(types, "blk.") == {ftype: 210, "F32": 60}, ftype
+        assert types["output_norm.weight"] == "F32"
+    # A Q4_1 file asked for Q4_1 comes back with every type unchanged: nothing is requantized.
+    assert llama_quantize_types(table, "Q4_1") == {name: info.ggml_type
+                                                   for name, info in table.tensors.items()}
+    # --pure and --token-embedding-type put the embedding in 4 bits.
+    assert llama_quantize_types(table, "Q4_0", pure=True)["token_embd.weight"] == "Q4_0"
+    embedding_only = llama_quantize_types(table, "Q4_1", token_embedding_type="Q4_0")
+    assert embedding_only["token_embd.weight"] == "Q4_0"
+    assert count(embedding_only, "blk.") == {"Q4_1": 210, "F32": 60}
+    # Float file types are not adjusted: the embedding is F16 like the rest.
+    assert count(llama_quantize_types(table, "F16")) == {"F16": 211, "F32": 61}
+
+
+def test_an_untied_output_matrix_gets_q6_k_and_the_embedding_the_file_type():
+    types = llama_quantize_types(smollm2_table(num_layers=2, output=4096), "Q4_0")
+    assert types["output.weight"] == "Q6_K"  # 4096 = 16 x 256: no fallback needed
+    assert types["token_embd.weight"] == "Q4_0"  # not the output tensor any more
+    narrow = llama_quantize_types(smollm2_table(num_layers=2, output=576), "Q4_0")
+    assert narrow["output.weight"] == "Q8_0"
+
+
+def test_q4_k_m_on_smollm2_is_mostly_q5_0():
+    """Q4_K needs rows that are multiples of 256; only ffn_down's 1536 are. The rest falls
+    back to Q5_0, and the Q6_K that use_more_bits asks for (layers 0-2, 26-29 and every
+    third in between: 14 of 30) falls back to Q8_0 on the 576-wide attn_v."""
+    types = llama_quantize_types(smollm2_table(), "Q4_K_M")
+    more_bits = [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29]
+    for i in range(30):
+        expected = "Q6_K" if i in more_bits else "Q4_K"
+        assert types[f"blk.{i}.ffn_down.weight"] == expected, i
+        assert types[f"blk.{i}.attn_v.weight"] == ("Q8_0" if i in more_bits else "Q5_0"), i
+        assert types[f"blk.{i}.attn_q.weight"] == "Q5_0"
+    assert types["token_embd.weight"] == "Q8_0"
+    assert count(types, "blk.") == {"Q5_0": 166, "Q8_0": 14, "Q6_K": 14, "Q4_K": 16,
+                                    "F32": 60}
+    q6_k = llama_quantize_types(smollm2_table(), "Q6_K")
+    assert count(q6_k, "blk.") == {"Q8_0": 180, "Q6_K": 30, "F32": 60}
+
+
+def test_llama_quantize_types_rejects_unknown_types():
+    assert LLAMA_FTYPES == ("F32", "F16", "Q8_0", "Q4_1", "Q4_0", "Q6_K", "Q4_K_M")
+    with pytest.raises(ValueError, match="ftype 'Q4_K_S' is not supported"):
+        llama_quantize_types(smollm2_table(1), "Q4_K_S")
+    with pytest.raises(ValueError, match="token_embedding_type 'q4_0' is not supported"):
+        llama_quantize_types(smollm2_table(1), "Q4_0", token_embedding_type="q4_0")
+
+
+@pytest.mark.skipif(not HAVE_GGUF_PACKAGE,
+                    reason=f"the `gguf` package is not installed ({GGUF_PACKAGE_PIN})")
+def test_type_sizes_equal_the_gguf_package():
+    import gguf
+
+    for ggml_type in ("F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K",
+                      "Q6_K"):
+        block_size, block_bytes = gguf.constants.GGML_QUANT_SIZES[
+            getattr(gguf.GGMLQuantizationType, ggml_type)]
+        assert quantized_nbytes((3, 2 * 256), ggml_type) == 3 * 512 // block_size * block_bytes
+
+
+@needs_weights
+def test_llama_quantize_model_on_the_file(smollm2_file, model):
+    # Without --allow-requantize, llama-quantize refuses to quantize Q4_1 tensors again.
+    with pytest.raises(ValueError, match="blk.0.ffn_down.weight is stored as Q4_1: requantizing "
+                                         "it to Q4_0 needs allow_requantize=True"):
+        llama_quantize_model(smollm2_file, "Q4_0")
+    with pytest.raises(ValueError, match="would store blk.0.ffn_down.weight as Q6_K, which "
+                                         "quantize cannot write"):
+        llama_quantize_model(smollm2_file, "Q4_K_M", allow_requantize=True)
+    q4_0, stored = llama_quantize_model(smollm2_file, "Q4_0", allow_requantize=True)
+    assert len(stored.requantized) == 210 and "token_embd.weight" not in stored.requantized
+    assert np.array_equal(q4_0.embedding, model.embedding)  # the Q8_0 embedding, unchanged
+    assert np.shares_memory(q4_0.W_out, q4_0.embedding)
+    file_q = smollm2_file.tensor("blk.4.attn_q.weight")  # (out, in): blocks along `in`
+    assert np.array_equal(q4_0.blocks[4].self_attn.W_q, round_trip(file_q, "Q4_0").T)
+    assert q4_0.blocks[4].self_attn.W_q.flags.c_contiguous
+    assert np.array_equal(q4_0.blocks[4].norm1.gamma, model.blocks[4].norm1.gamma)
+    assert stored.nbytes == sum(quantized_nbytes(info.shape, stored.types[name])
+                                for name, info in smollm2_file.tensors.items())
+    del q4_0
+    # --pure is what quantize_model does: every matrix, the tied embedding included.
+    pure, _ = llama_quantize_model(smollm2_file, "Q4_0", pure=True, allow_requantize=True)
+    assert np.array_equal(pure.embedding, round_trip(model.embedding, "Q4_0"))
+    W_down = model.blocks[29].ff.W_down  # (in, out)
+    assert np.array_equal(pure.blocks[29].ff.W_down, round_trip(W_down.T, "Q4_0").T)
+
+
+@needs_weights
+def test_requantized_in_place_equals_the_built_model_and_restores_the_file(smollm2_file,
+                                                                           model):
+    built, stored = llama_quantize_model(smollm2_file, "Q4_1", token_embedding_type="Q4_0",
+                                         allow_requantize=True)
+    W_up = model.blocks[7].ff.W_up.copy()
+    embedding_before = model.embedding[:100].copy()
+    with requantized_in_place(model, smollm2_file, "Q4_1", token_embedding_type="Q4_0",
+                              allow_requantize=True) as inside:
+        assert inside.requantized == stored.requantized == ("token_embd.weight",)
+        assert np.array_equal(model.embedding, built.embedding)
+        assert np.shares_memory(model.W_out, model.embedding)  # still tied
+        assert np.array_equal(model.blocks[7].ff.W_up, W_up)  # Q4_1 already: untouched
+    assert np.array_equal(model.embedding[:100], embedding_before)
+    del built
+    tokens = np.array([504, 314, 28, 355, 441, 288])
+    reference = model.forward(tokens)
+    with requantized_in_place(model, smollm2_file, "Q4_0", allow_requantize=True) as inside:
+        assert len(inside.requantized) == 210
+        W_q = model.blocks[3].self_attn.W_q
+        assert np.array_equal(W_q, round_trip(smollm2_file.tensor("blk.3.attn_q.weight"),
+                                              "Q4_0").T)
+        assert next_token_kl(reference, model.forward(tokens)) > 0
+    assert np.array_equal(model.forward(tokens), reference)  # the file's weights, bit for bit
+    assert np.array_equal(model.blocks[7].ff.W_up, W_up)
+    with pytest.raises(ValueError, match="needs allow_requantize=True"):
+        with requantized_in_place(model, smollm2_file, "Q8_0"):
+            pass
+    assert np.array_equal(model.forward(tokens), reference)
 
 
 # --- next_token_kl and perplexity --------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from model_helpers import HAVE_SMOLLM2_WEIGHTS, SMOLLM2_WEIGHTS_INSTALL
 
-from attention_lib.models.gguf import GGML_TYPES, read_gguf
+from attention_lib.models.gguf import GGML_TYPES, dequantize, read_gguf
 from attention_lib.models.minilm import MINILM_PACKAGE
 from attention_lib.models.weights import parse_safetensors, read_safetensors, safetensors_bytes
 
@@ -87,6 +87,29 @@ def test_every_dequantized_tensor_equals_the_gguf_package(smollm2_files):
         actual = ours.tensor(tensor.name)
         assert actual.dtype == np.float32 and actual.shape == expected.shape, tensor.name
         np.testing.assert_array_equal(actual, expected, err_msg=tensor.name)
+
+
+def test_type_numbers_equal_the_gguf_package():
+    for name, number in GGML_TYPES.items():
+        assert int(getattr(gguf.GGMLQuantizationType, name)) == number, name
+
+
+@pytest.mark.parametrize("ggml_type, block_bytes, float_at", [("Q4_K", 144, (0, 2)),
+                                                              ("Q6_K", 210, (208,))])
+def test_k_quant_random_blocks_dequantize_as_the_gguf_package(ggml_type, block_bytes, float_at):
+    """Random bytes (finite float16 d and dmin, everything else arbitrary, so every 6-bit
+    scale, minimum and code occurs): the values equal gguf.quants.dequantize's exactly."""
+    rng = np.random.default_rng(14)
+    blocks = rng.integers(0, 256, size=(3000, block_bytes), dtype=np.uint8)
+    for start in float_at:
+        numbers = rng.normal(size=(3000, 1)) * 10.0 ** rng.uniform(-7, 3, size=(3000, 1))
+        blocks[:, start:start + 2] = numbers.astype("<f2").view(np.uint8)
+    qtype = getattr(gguf.GGMLQuantizationType, ggml_type)
+    assert gguf.constants.GGML_QUANT_SIZES[qtype] == (256, block_bytes)
+    expected = gguf.quants.dequantize(blocks.reshape(10, -1), qtype)  # (10, 300 * 256)
+    actual = dequantize(blocks, ggml_type, expected.shape)
+    assert actual.dtype == np.float32
+    np.testing.assert_array_equal(actual, expected)
 
 
 # --------------------------------------------------------------------------- safetensors

@@ -14,18 +14,39 @@ count, then the elements. ``ne[0]`` is the fastest-varying dimension, so a NumPy
 the reversed shape: a weight with ``ne = [576, 1536]`` is a ``(1536, 576)`` row-major array,
 PyTorch's ``(out, in)`` layout.
 
-Weights are often stored quantized in blocks of 32 numbers. This module dequantizes the
-block types SmolLM2's file uses, ``Q4_0`` (which chapter 17 quantizes to) and the plain float
-ones:
+Weights are often stored quantized. ggml has three families of formats; this module
+dequantizes the ones SmolLM2's file uses, ``Q4_0`` (which chapter 17 quantizes to), the two
+K-quants that ``llama-quantize`` picks most often, and the plain float types:
 
-- ``Q8_0``: a float16 scale ``s`` and 32 int8 codes ``c``; value ``s * c`` (34 bytes).
-- ``Q4_1``: a float16 scale ``s`` and minimum ``z``, then 16 bytes of 4-bit codes ``c`` (low
-  nibbles are elements 0-15, high nibbles elements 16-31); value ``s * c + z`` (20 bytes).
-- ``Q4_0``: a float16 scale ``s``, then 16 bytes of 4-bit codes ``c`` packed as in ``Q4_1``;
-  value ``s * (c - 8)`` (18 bytes).
+- The *legacy* formats cut each row into blocks of 32 numbers, each stored as one or two
+  float16 numbers and a small integer code per number:
+
+  - ``Q8_0``: a float16 scale ``s`` and 32 int8 codes ``c``; value ``s * c`` (34 bytes).
+  - ``Q4_1``: a float16 scale ``s`` and minimum ``z``, then 16 bytes of 4-bit codes ``c``
+    (low nibbles are elements 0-15, high nibbles elements 16-31); value ``s * c + z``
+    (20 bytes).
+  - ``Q4_0``: a float16 scale ``s``, then 16 bytes of 4-bit codes ``c`` packed as in
+    ``Q4_1``; value ``s * (c - 8)`` (18 bytes).
+
+- The *K-quants* cut each row into super-blocks of 256 numbers (``QK_K``), themselves cut
+  into sub-blocks with their own small integer scales, which a float16 number per
+  super-block scales in turn:
+
+  - ``Q4_K`` (144 bytes, 4.5 bits a number): float16 ``d`` and ``dmin``, 12 bytes holding
+    eight 6-bit sub-block scales ``sc`` and eight 6-bit minima ``mn``, then 128 bytes of
+    4-bit codes; sub-block ``j`` (32 numbers) reads ``d * sc[j] * c - dmin * mn[j]``.
+    Bytes ``32 i .. 32 i + 31`` of the codes hold sub-block ``2 i`` in their low nibbles
+    and ``2 i + 1`` in their high nibbles.
+  - ``Q6_K`` (210 bytes, 6.5625 bits): 128 bytes of low 4 bits, 64 bytes of high 2 bits,
+    sixteen int8 sub-block scales (16 numbers each), then float16 ``d``; value
+    ``d * scale[i // 16] * (c - 32)`` with 6-bit codes ``c``.
+
+- The *i-quants* (``IQ2_XXS`` ... ``IQ4_XS``) store indices into fixed codebooks of
+  vectors; this module does not read them.
+
 - ``F32`` and ``F16``: stored as they are.
 
-:mod:`attention_lib.models.quantize` (chapter 17) writes these bytes.
+:mod:`attention_lib.models.quantize` (chapter 17) writes the legacy blocks.
 
 ggml calls the scale and the minimum ``d`` and ``m`` (the code below keeps its names).
 """
@@ -56,13 +77,13 @@ _STRUCT_FORMATS = {_UINT8: "B", _INT8: "b", _UINT16: "H", _INT16: "h", _UINT32: 
                    _INT32: "i", _FLOAT32: "f", _BOOL: "B", _UINT64: "Q", _INT64: "q",
                    _FLOAT64: "d"}
 
-GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 """The ggml tensor types this reader dequantizes, each name mapped to its number in the file."""
 
 _TYPE_NAMES = {number: name for name, number in GGML_TYPES.items()}
 # (elements per block, bytes per block) of each supported type.
 _BLOCKS = {"F32": (1, 4), "F16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20),
-           "Q8_0": (32, 34)}
+           "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
 
 
 @dataclass(frozen=True)
@@ -76,7 +97,7 @@ class GGUFTensorInfo:
     shape : tuple of int
         NumPy (row-major) shape: the file's ``ne`` reversed.
     ggml_type : str
-        ``"F32"``, ``"F16"``, ``"Q4_0"``, ``"Q4_1"`` or ``"Q8_0"``.
+        ``"F32"``, ``"F16"``, ``"Q4_0"``, ``"Q4_1"``, ``"Q8_0"``, ``"Q4_K"`` or ``"Q6_K"``.
     offset : int
         Absolute byte offset of the tensor's data in the file.
     nbytes : int
@@ -159,10 +180,10 @@ def dequantize(raw, ggml_type: str, shape) -> np.ndarray:
     raw : array_like of uint8
         The tensor's bytes, as stored.
     ggml_type : str
-        ``"F32"``, ``"F16"``, ``"Q4_0"``, ``"Q4_1"`` or ``"Q8_0"``.
+        ``"F32"``, ``"F16"``, ``"Q4_0"``, ``"Q4_1"``, ``"Q8_0"``, ``"Q4_K"`` or ``"Q6_K"``.
     shape : tuple of int
         NumPy shape of the result; for block types its last axis (the file's ``ne[0]``)
-        must be a multiple of 32.
+        must be a multiple of the block size (32, or 256 for the K-quants).
 
     Returns
     -------
@@ -175,13 +196,18 @@ def dequantize(raw, ggml_type: str, shape) -> np.ndarray:
     Raises
     ------
     ValueError
-        If the type is not supported or the byte count does not match ``shape``.
+        If the type is not supported, ``shape`` does not split into whole blocks, or ``raw``
+        does not hold exactly the bytes of ``shape`` (for instance a byte count that is not
+        a multiple of the block's bytes).
 
     Notes
     -----
-    Derived in chapter 16, *A real decoder: SmolLM2*; ``Q4_0`` in chapter 17, *From weights
-    to a chat*. Follows ``dequantize_row_q8_0``, ``dequantize_row_q4_1`` and
-    ``dequantize_row_q4_0`` of ggml's ``src/ggml-quants.c``.
+    Derived in chapter 16, *A real decoder: SmolLM2*; ``Q4_0``, ``Q4_K`` and ``Q6_K`` in
+    chapter 17, *From weights to a chat*. Follows ``dequantize_row_q8_0``,
+    ``dequantize_row_q4_1``, ``dequantize_row_q4_0``, ``dequantize_row_q4_K`` (with
+    ``get_scale_min_k4``) and ``dequantize_row_q6_K`` of ggml's ``src/ggml-quants.c``, in the
+    same float32 operations, so the values are equal to ggml's (and the ``gguf`` package's)
+    bit for bit.
 
     Examples
     --------
@@ -201,13 +227,17 @@ def dequantize(raw, ggml_type: str, shape) -> np.ndarray:
                          f"numbers; got shape {shape}")
     expected = count // block_size * block_bytes
     if raw.size != expected:
-        raise ValueError(f"a {ggml_type} tensor of shape {shape} takes {expected} bytes; "
-                         f"got {raw.size}")
+        raise ValueError(f"raw has {raw.size} bytes, but a {ggml_type} tensor of shape {shape} "
+                         f"takes {expected} bytes ({block_bytes} per block of {block_size})")
     if ggml_type == "F32":
         return raw.view("<f4").astype(np.float32).reshape(shape)
     if ggml_type == "F16":
         return raw.view("<f2").astype(np.float32).reshape(shape)
     blocks = raw.reshape(-1, block_bytes)  # (n_blocks, block_bytes)
+    if ggml_type == "Q4_K":
+        return _dequantize_q4_k(blocks).reshape(shape)
+    if ggml_type == "Q6_K":
+        return _dequantize_q6_k(blocks).reshape(shape)
     if ggml_type == "Q8_0":
         d = blocks[:, 0:2].copy().view("<f2").astype(np.float32)  # (n_blocks, 1) scales
         q = blocks[:, 2:].view(np.int8).astype(np.float32)  # (n_blocks, 32)
@@ -231,6 +261,62 @@ def dequantize(raw, ggml_type: str, shape) -> np.ndarray:
     values *= scales[:, :1]  # d * q
     values += scales[:, 1:]  # + m
     return values.reshape(shape)
+
+
+def _float16(blocks: np.ndarray, start: int) -> np.ndarray:
+    """The float16 number at byte ``start`` of every block, as float32 ``(n_blocks, 1)``."""
+    return blocks[:, start:start + 2].copy().view("<f2").astype(np.float32)
+
+
+def _dequantize_q4_k(blocks: np.ndarray) -> np.ndarray:
+    """``dequantize_row_q4_K`` on ``(n, 144)`` blocks -> ``(n, 256)`` float32 values.
+
+    A block is ``d`` (float16), ``dmin`` (float16), 12 bytes of scales, 128 bytes of codes.
+    The 12 bytes hold eight 6-bit scales ``sc`` and eight 6-bit minima ``mn``
+    (``get_scale_min_k4``): for ``j < 4`` the low 6 bits of bytes ``j`` and ``j + 4``; for
+    ``j >= 4`` the nibbles of byte ``j + 4`` (low: ``sc``, high: ``mn``) completed by the top
+    2 bits of bytes ``j - 4`` (``sc``) and ``j`` (``mn``).
+    """
+    n = blocks.shape[0]
+    d, dmin = _float16(blocks, 0), _float16(blocks, 2)  # (n, 1) each
+    packed = blocks[:, 4:16]  # (n, 12)
+    sc = np.empty((n, 8), np.uint8)
+    mn = np.empty((n, 8), np.uint8)
+    sc[:, :4] = packed[:, 0:4] & 63
+    mn[:, :4] = packed[:, 4:8] & 63
+    sc[:, 4:] = (packed[:, 8:12] & 0x0F) | ((packed[:, 0:4] >> 6) << 4)
+    mn[:, 4:] = (packed[:, 8:12] >> 4) | ((packed[:, 4:8] >> 6) << 4)
+    scale = d * sc.astype(np.float32)  # (n, 8): d1 = d * sc, exact in float32
+    minimum = dmin * mn.astype(np.float32)  # (n, 8): m1 = min * m
+    qs = blocks[:, 16:].reshape(n, 4, 1, 32)  # 4 runs of 32 bytes
+    codes = (qs >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F  # (n, 4, 2, 32)
+    codes = codes.reshape(n, 8, 32).astype(np.float32)  # sub-block 2i low, 2i + 1 high
+    values = scale[:, :, None] * codes - minimum[:, :, None]  # d1 * q - m1
+    return values.reshape(n, 256)
+
+
+def _dequantize_q6_k(blocks: np.ndarray) -> np.ndarray:
+    """``dequantize_row_q6_K`` on ``(n, 210)`` blocks -> ``(n, 256)`` float32 values.
+
+    A block is ``ql`` (128 bytes: low 4 bits), ``qh`` (64 bytes: high 2 bits), 16 int8
+    scales, ``d`` (float16). Each half of 128 values uses 64 bytes of ``ql`` and 32 of
+    ``qh``: value ``32 k + l`` of the half (``k`` in 0..3, ``l`` in 0..31) takes the low
+    (``k`` = 0, 1) or high (``k`` = 2, 3) nibble of ``ql[l + 32 (k % 2)]`` and bits
+    ``2k, 2k + 1`` of ``qh[l]``; the 6-bit code minus 32 is multiplied by
+    ``d * scales[i // 16]``.
+    """
+    n = blocks.shape[0]
+    ql = blocks[:, :128].reshape(n, 2, 1, 2, 32)  # (half, nibble, k % 2, l)
+    low = (ql >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1, 1)) & 0x0F
+    low = low.reshape(n, 2, 4, 32)  # k = 2 * nibble + k % 2
+    qh = blocks[:, 128:192].reshape(n, 2, 1, 32)
+    high = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 0x03  # (n, 2, 4, 32)
+    codes = (low | (high << 4)).astype(np.int8) - np.int8(32)  # in [-32, 31]
+    scales = blocks[:, 192:208].view(np.int8).astype(np.float32)  # (n, 16)
+    d = _float16(blocks, 208)  # (n, 1)
+    step = d * scales  # (n, 16): d * sc[is], exact in float32
+    values = step[:, :, None] * codes.reshape(n, 16, 16).astype(np.float32)
+    return values.reshape(n, 256)
 
 
 class _Cursor:
