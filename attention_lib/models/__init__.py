@@ -9,10 +9,26 @@ prompt and streamed generation (:mod:`.chat`), and llama.cpp's quantization form
 """
 
 from .bpe import ByteLevelBPE, train_bpe
-from .chat import StreamDecoder, TextStream, format_chat, stream_chat, stream_generate
+from .chat import (
+    StreamDecoder,
+    TextStream,
+    encode_chat,
+    format_chat,
+    stream_chat,
+    stream_generate,
+)
 from .gguf import GGUFFile, dequantize, read_gguf
 from .minilm import MiniLM, load_minilm
-from .quantize import next_token_kl, perplexity, quantize, quantize_model, round_trip
+from .quantize import (
+    llama_quantize_model,
+    llama_quantize_types,
+    next_token_kl,
+    perplexity,
+    quantize,
+    quantize_model,
+    requantized_in_place,
+    round_trip,
+)
 from .smollm2 import SmolLM2, SmolLM2Config, SmolLM2Tokenizer, load_smollm2
 from .weights import (
     WeightsError,
@@ -38,7 +54,10 @@ __all__ = [
     "WeightsNotFoundError",
     "WordPiece",
     "dequantize",
+    "encode_chat",
     "format_chat",
+    "llama_quantize_model",
+    "llama_quantize_types",
     "load_minilm",
     "load_smollm2",
     "next_token_kl",
@@ -48,6 +67,7 @@ __all__ = [
     "quantize_model",
     "read_gguf",
     "read_safetensors",
+    "requantized_in_place",
     "round_trip",
     "stream_chat",
     "stream_generate",
