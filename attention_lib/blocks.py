@@ -16,6 +16,7 @@ import numpy as np
 
 from ._checks import as_float_array, check_positive_int, check_token_ids
 from .cache import KVCache
+from .hooks import unhooked
 from .layers import FeedForward, LayerNorm, _check_features
 from .masks import causal_mask, padding_mask
 from .multihead import MultiHeadAttention
@@ -115,6 +116,10 @@ class EncoderBlock:
     Derived in chapter 08, *The transformer block*. Equal to
     ``torch.nn.TransformerEncoderLayer`` (``batch_first=True``, dropout 0), tested for both
     ``norm_first`` settings. With ``cache`` and a causal mask it is a GPT block (chapter 10).
+    Its forward pass has the hook points ``resid_pre``, ``attn_out``, ``resid_mid``,
+    ``ff_out`` and ``resid_post``, each ``(..., T, d_model)``, which
+    :func:`~attention_lib.hooks.capture` records and :func:`~attention_lib.hooks.intervene`
+    changes (chapter 18); with nothing installed each is one call that returns its value.
 
     Examples
     --------
@@ -128,6 +133,9 @@ class EncoderBlock:
     norm1: LayerNorm | None
     norm2: LayerNorm
     norm_first: bool = False
+    # Not a field: the hook points' functions, set only while attention_lib.hooks.capture()
+    # or intervene() is active (chapter 18).
+    _hooks = None
 
     def __post_init__(self):
         if (self.self_attn is None) != (self.norm1 is None):
@@ -167,20 +175,34 @@ class EncoderBlock:
         return self.forward(x, mask, cache, return_weights=return_weights)
 
     def forward(self, x, mask=None, cache=None, *, return_weights: bool = False):
-        """``__call__`` on checked inputs (a stack checks once, then calls this)."""
+        """``__call__`` on checked inputs (a stack checks once, then calls this).
+
+        Each ``at(point, value)`` line is a hook point (:mod:`attention_lib.hooks`, chapter
+        18): it returns ``value`` unchanged unless :func:`~attention_lib.hooks.capture` or
+        :func:`~attention_lib.hooks.intervene` installed something there.
+        """
+        at = unhooked if self._hooks is None else self._hooks  # at(point, value) -> value
+        x = at("resid_pre", x)  # hook point: the residual stream entering the block
         if self.self_attn is None:  # the feed-forward sub-layer alone; no weights to return
-            x = x + self.ff(self.norm2(x)) if self.norm_first else self.norm2(x + self.ff(x))
+            if self.norm_first:
+                x = x + at("ff_out", self.ff(self.norm2(x)))  # hook point: what the FFN adds
+            else:
+                x = self.norm2(x + at("ff_out", self.ff(x)))
+            x = at("resid_post", x)  # hook point: the stream leaving the block
             return (x, None) if return_weights else x
         attend = self.self_attn.forward
         if self.norm_first:
             attended, weights = attend(self.norm1(x), mask=mask, cache=cache,
                                        need_weights=return_weights)
-            x = x + attended
-            x = x + self.ff(self.norm2(x))
+            x = x + at("attn_out", attended)  # hook point: what attention adds
+            x = at("resid_mid", x)  # hook point: the stream between the sub-layers
+            x = x + at("ff_out", self.ff(self.norm2(x)))  # hook point: what the FFN adds
         else:
             attended, weights = attend(x, mask=mask, cache=cache, need_weights=return_weights)
-            x = self.norm1(x + attended)
-            x = self.norm2(x + self.ff(x))
+            x = self.norm1(x + at("attn_out", attended))  # hook point: what attention adds
+            x = at("resid_mid", x)  # hook point: the (normalized) stream between sub-layers
+            x = self.norm2(x + at("ff_out", self.ff(x)))  # hook point: what the FFN adds
+        x = at("resid_post", x)  # hook point: the stream leaving the block
         return (x, weights) if return_weights else x
 
 
@@ -444,7 +466,11 @@ class DecoderOnlyLM:
 
     Notes
     -----
-    Derived in chapter 10, *KV cache and decoding*.
+    Derived in chapter 10, *KV cache and decoding*. What a forward pass computes inside its
+    blocks (residual stream, each head's output, attention weights) is read with
+    :func:`~attention_lib.hooks.capture` and changed with
+    :func:`~attention_lib.hooks.intervene` (chapter 18), by the names
+    :func:`~attention_lib.hooks.hook_points` lists.
 
     Examples
     --------

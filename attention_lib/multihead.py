@@ -16,6 +16,7 @@ from .attention import (
     project,
     scaled_dot_product_attention,
 )
+from .hooks import unhooked
 from .positional import apply_rope
 
 __all__ = ["split_heads", "merge_heads", "grouped_attention", "MultiHeadAttention"]
@@ -309,7 +310,10 @@ class MultiHeadAttention:
     (tested); a fully masked query gets a zero attention output (so its output is ``b_o``)
     where PyTorch gives NaN. The gate is computed from ``x``, the input the queries come
     from, also in cross-attention and for the new tokens of a cached pass; with a gate,
-    ``W_g.size + b_g.size`` parameters are added.
+    ``W_g.size + b_g.size`` parameters are added. :meth:`forward` has two hook points
+    (chapter 18, :mod:`attention_lib.hooks`): ``weights`` ``(..., H, Tq, Tk)``, computed for
+    a hook only when one asks for them, and ``head_out`` ``(..., H, Tq, d_head)``, each
+    head's output (gated, if there is a gate) before ``W_o``.
 
     Examples
     --------
@@ -335,6 +339,9 @@ class MultiHeadAttention:
     rope_base: float | None = None
     W_g: np.ndarray | None = None
     b_g: np.ndarray | None = None
+    # Not a field: the hook points' functions, set only while attention_lib.hooks.capture()
+    # or intervene() is active (chapter 18).
+    _hooks = None
 
     def __post_init__(self):
         self.num_heads = check_positive_int(self.num_heads, "num_heads")
@@ -500,8 +507,16 @@ class MultiHeadAttention:
 
     def forward(self, x, context=None, mask=None, cache=None, *, need_weights: bool = True):
         """Multi-head attention on inputs already checked (by :meth:`check_inputs`, or by a
-        block that checked its own): the blocks call this, not ``__call__``."""
+        block that checked its own): the blocks call this, not ``__call__``.
+
+        The hook points ``weights`` and ``head_out`` (:mod:`attention_lib.hooks`, chapter 18)
+        pass their arrays to whatever :func:`~attention_lib.hooks.capture` or
+        :func:`~attention_lib.hooks.intervene` installed; with nothing installed they return
+        them unchanged. The weights are computed for a hook only if one asks for them.
+        """
         context = x if context is None else context
+        hooks = self._hooks  # None unless capture() or intervene() is active (chapter 18)
+        at = unhooked if hooks is None else hooks  # at(point, value) -> value
         # 1. Project, then cut the features into heads (chapter 06).
         q = _split_heads(project(x, self.W_q, self.b_q), self.num_heads)  # (..., H, Tq, d_head)
         k = _split_heads(project(context, self.W_k, self.b_k), self.num_kv_heads)
@@ -517,15 +532,18 @@ class MultiHeadAttention:
             k, v = cache.append(k, v)  # (..., H_kv, cached + Tq, d_head)
         # 4. Attend in every head at once; with fewer key/value heads, each serves a group
         #    of query heads (chapter 11).
+        store_weights = need_weights or (hooks is not None and hooks.wants("weights"))
         heads, weights = _grouped_attention(q, k, v, _heads_mask(mask),
                                             1.0 / math.sqrt(q.shape[-1]),
-                                            need_weights)  # (..., H, Tq, d_head)
+                                            store_weights)  # (..., H, Tq, d_head)
+        weights = at("weights", weights)  # hook point: (..., H, Tq, Tk), None if not stored
         # 5. Output gate, if any: scale each head's output by sigmoid(x W_g + b_g).
         if self.W_g is not None:
             heads = _gate(heads, x, self.W_g, self.b_g)  # output gate (chapter 19)
+        heads = at("head_out", heads)  # hook point: each head's output before W_o
         # 6. Concatenate the heads and mix them (chapter 06).
         output = project(_merge_heads(heads), self.W_o, self.b_o)  # (..., Tq, d_model)
-        return output, weights
+        return output, (weights if need_weights else None)
 
 
 def _gate(heads: np.ndarray, x: np.ndarray, W_g: np.ndarray, b_g: np.ndarray | None) -> np.ndarray:
