@@ -199,7 +199,8 @@ def after_resize(page):
         page.wait_for_function(
             "() => [...document.querySelectorAll('pre, .cell_output > .output, "
             ".pst-scrollable-table-container')].every(e => (e.scrollWidth > e.clientWidth || "
-            "e.scrollHeight > e.clientHeight) === (e.tabIndex === 0))", timeout=5000)
+            "e.scrollHeight > e.clientHeight) === (e.tabIndex === 0))", polling=100,
+            timeout=15000)
     except Exception:
         pass
 
