@@ -62,7 +62,8 @@ def run_notebook(tmp_path, sources, *options):
         [sys.executable, "-m", "pytest", "-p", "nbval_memory", "-p", "no:cacheprovider",
          "--nbval-lax", "--nbval-current-env", "-o", "addopts=", "-q", str(path), *options],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(TESTS)},
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+             "PYTHONPATH": str(TESTS)},  # not the outer run's options or xdist identity
     )
     return result.returncode, result.stdout + result.stderr
 
