@@ -15,9 +15,11 @@ from torch import nn
 
 
 class TorchBlock(nn.Module):
-    def __init__(self, d_model: int, num_heads: int, d_ff: int):
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, activation: str = "gelu"):
         super().__init__()
         self.num_heads = num_heads
+        # GPT-2's tanh approximation is F.gelu(approximate="tanh"); "gelu" is the exact form.
+        self.approximate = "tanh" if activation == "gelu_tanh" else "none"
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model) for _ in range(4))
         self.ff1, self.ff2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
@@ -32,15 +34,16 @@ class TorchBlock(nn.Module):
 
     def forward(self, x):
         x = x + self.attention(self.norm1(x))
-        return x + self.ff2(F.gelu(self.ff1(self.norm2(x))))
+        return x + self.ff2(F.gelu(self.ff1(self.norm2(x)), approximate=self.approximate))
 
 
 class TorchGPT(nn.Module):
-    def __init__(self, vocab_size, context_len, d_model, num_heads, d_ff, num_layers):
+    def __init__(self, vocab_size, context_len, d_model, num_heads, d_ff, num_layers,
+                 activation="gelu"):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.positions = nn.Parameter(torch.zeros(context_len, d_model))
-        self.blocks = nn.ModuleList(TorchBlock(d_model, num_heads, d_ff)
+        self.blocks = nn.ModuleList(TorchBlock(d_model, num_heads, d_ff, activation)
                                     for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
@@ -75,7 +78,8 @@ def torch_gpt_from(model) -> tuple[TorchGPT, dict[str, tuple[str, bool]]]:
     config = model.config()
     dtype = torch.float64 if model.embedding.dtype == np.float64 else torch.float32
     reference = TorchGPT(config["vocab_size"], config["context_len"], config["d_model"],
-                         config["num_heads"], config["d_ff"], config["num_layers"]).to(dtype)
+                         config["num_heads"], config["d_ff"], config["num_layers"],
+                         config.get("activation", "gelu")).to(dtype)
     names = torch_names(config["num_layers"])
     theirs = dict(reference.named_parameters())
     ours = model.parameters()

@@ -35,9 +35,9 @@ from attention_lib.training import (
 from attention_lib.training.gpt import DATA_DIR, SHAKESPEARE_GPT_SHA256
 
 
-def small_gpt(rng, dtype=np.float64, dropout=0.0):
+def small_gpt(rng, dtype=np.float64, dropout=0.0, activation="gelu"):
     """A 2-layer GPT whose every parameter is random (no bias left at 0, no gamma at 1)."""
-    model = GPT.init(65, 12, 16, 4, 2, rng, dropout=dropout, dtype=dtype)
+    model = GPT.init(65, 12, 16, 4, 2, rng, dropout=dropout, dtype=dtype, activation=activation)
     randomize(model.blocks, rng)
     randomize(model.norm, rng)
     return model
@@ -47,15 +47,17 @@ def small_gpt(rng, dtype=np.float64, dropout=0.0):
 # The model's gradients
 # ---------------------------------------------------------------------------------------------
 
-def test_whole_model_gradients_match_torch_autograd():
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_whole_model_gradients_match_torch_autograd(fused, activation):
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F
     from gpt_torch_reference import torch_gpt_from, torch_grads
 
     rng = np.random.default_rng(0)
-    model = small_gpt(rng)
+    model = small_gpt(rng, activation=activation)
     ids, targets = rng.integers(0, 65, (3, 12)), rng.integers(0, 65, (3, 12))
-    loss, grads = gpt_loss_and_grads(model, ids, targets)
+    loss, grads = gpt_loss_and_grads(model, ids, targets, fused=fused)
 
     reference, names = torch_gpt_from(model)
     logits = reference(torch.from_numpy(ids))
@@ -104,6 +106,65 @@ def test_gradients_with_dropout_match_finite_differences():
     errors = check_gradients(loss_fn, checked, grads)
     assert max(errors.values()) < 1e-5, errors
     assert loss_fn() != gpt_loss_and_grads(model, ids, targets)[0]  # dropout did something
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+def test_fused_pass_equals_the_unfused_one_with_the_same_dropout_masks(activation):
+    rng = np.random.default_rng(14)
+    model = small_gpt(rng, dropout=0.3, activation=activation)
+    ids, targets = rng.integers(0, 65, (3, 12)), rng.integers(0, 65, (3, 12))
+    logits, weights, _ = gpt_forward(model, ids, rng=np.random.default_rng(7))
+    fused_logits, fused_weights, _ = gpt_forward(model, ids, rng=np.random.default_rng(7),
+                                                 fused=True)
+    np.testing.assert_allclose(fused_logits, logits, rtol=1e-12, atol=1e-12)
+    for ours, theirs in zip(fused_weights, weights):
+        np.testing.assert_allclose(ours, theirs, atol=1e-14)
+    loss, grads = gpt_loss_and_grads(model, ids, targets, rng=np.random.default_rng(7))
+    fused_loss, fused_grads = gpt_loss_and_grads(model, ids, targets,
+                                                 rng=np.random.default_rng(7), fused=True)
+    assert abs(fused_loss - loss) < 1e-12
+    assert fused_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        assert fused_grads[name].shape == grad.shape, name
+        if not name.endswith("self_attn.b_k"):  # exactly 0 up to rounding (see above)
+            assert relative_error(fused_grads[name], grad) < 1e-10, name
+    # Without an rng neither pass drops anything, and the fused one equals model.forward.
+    np.testing.assert_allclose(gpt_forward(model, ids, fused=True)[0], model.forward(ids),
+                               rtol=1e-12, atol=1e-12)
+    # The fused pass does not change its inputs or the model.
+    before = {name: param.copy() for name, param in model.parameters().items()}
+    gpt_loss_and_grads(model, ids, targets, rng=np.random.default_rng(7), fused=True)
+    for name, param in model.parameters().items():
+        np.testing.assert_array_equal(param, before[name])
+
+
+def test_fused_float32_pass_keeps_float32_and_agrees_with_float64():
+    rng = np.random.default_rng(15)
+    model = GPT.init(65, 16, 32, 4, 2, rng, activation="gelu_tanh")
+    ids, targets = rng.integers(0, 65, (4, 16)), rng.integers(0, 65, (4, 16))
+    loss, grads = gpt_loss_and_grads(model, ids, targets, fused=True)
+    loss64, grads64 = gpt_loss_and_grads(model.astype(np.float64), ids, targets, fused=True)
+    assert all(grad.dtype == np.float32 for grad in grads.values())
+    assert abs(loss - loss64) < 1e-5
+    for name in ("embedding", "blocks.0.self_attn.W_q", "blocks.1.ff.W1", "W_out"):
+        assert relative_error(grads[name], grads64[name]) < 1e-3, name
+
+
+def test_gelu_tanh_model_is_a_config_option_saved_in_the_checkpoint(tmp_path):
+    default = GPT.init(65, 8, 16, 2, 1, np.random.default_rng(16))
+    tanh = GPT.init(65, 8, 16, 2, 1, np.random.default_rng(16), activation="gelu_tanh")
+    assert "activation" not in default.config()  # the committed checkpoint's config, unchanged
+    assert tanh.config() == default.config() | {"activation": "gelu_tanh"}
+    for name, param in default.parameters().items():  # the same draws from the same rng
+        np.testing.assert_array_equal(tanh.parameters()[name], param)
+    codec = CharCodec("".join(chr(33 + i) for i in range(65)))
+    loaded, _ = load_gpt(tmp_path / "tanh.npz", save_gpt(tanh, codec, tmp_path / "tanh.npz"))
+    assert loaded.activation == "gelu_tanh" and loaded.blocks[0].ff.activation == "gelu_tanh"
+    ids = np.random.default_rng(17).integers(0, 65, (2, 8))
+    np.testing.assert_array_equal(loaded.forward(ids), tanh.forward(ids))
+    assert not np.array_equal(default.forward(ids), tanh.forward(ids))
+    with pytest.raises(ValueError, match="activation"):
+        GPT.init(65, 8, 16, 2, 1, np.random.default_rng(16), activation="relu")
 
 
 def test_float32_model_keeps_float32():

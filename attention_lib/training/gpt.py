@@ -14,8 +14,9 @@ sampling and evaluation); :func:`gpt_forward` runs the functional passes of
 Checkpoint format (:func:`save_gpt`, :func:`load_gpt`): one ``.npz`` file holding every
 parameter under its dotted name (``"blocks.0.self_attn.W_q"``, as ``training.named_parameters``
 names them), plus ``"config"`` (a JSON string: ``vocab_size``, ``context_len``, ``d_model``,
-``num_heads``, ``d_ff``, ``num_layers``, ``dropout``) and ``"vocabulary"`` (the characters,
-in id order). Its sha256 is pinned in :data:`SHAKESPEARE_GPT_SHA256` and checked at load.
+``num_heads``, ``d_ff``, ``num_layers``, ``dropout``, and ``activation`` when it is not the
+default ``"gelu"``) and ``"vocabulary"`` (the characters, in id order). Its sha256 is pinned
+in :data:`SHAKESPEARE_GPT_SHA256` and checked at load.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.special import erf
 
 from .._checks import check_positive_int
 from ..blocks import EncoderBlock
@@ -278,7 +280,7 @@ class GPT:
     @classmethod
     def init(cls, vocab_size: int, context_len: int, d_model: int, num_heads: int,
              num_layers: int, rng: np.random.Generator, *, d_ff: int | None = None,
-             dropout: float = 0.0, dtype=np.float32) -> GPT:
+             dropout: float = 0.0, activation: str = "gelu", dtype=np.float32) -> GPT:
         """Random weights as nanoGPT's ``model.py`` draws them.
 
         Every weight matrix and embedding has normal entries of standard deviation 0.02;
@@ -288,7 +290,16 @@ class GPT:
         layers by ``1 / sqrt(N)`` for ``N`` residual layers, is the GPT-2 paper's (OpenAI's
         released GPT-2 code has no such scaling). Biases start at 0 and norms at the
         identity. ``d_ff`` defaults to ``4 d_model``.
+
+        ``activation`` is ``"gelu"`` (the exact ``x Phi(x)``, through ``erf``) or
+        ``"gelu_tanh"``, the tanh approximation of Hendrycks and Gimpel (2016) that GPT-2's
+        code uses (``gelu`` in openai/gpt-2's ``src/model.py``). The two differ by at most
+        4.7e-4, at ``|x|`` near 2.7, and their derivatives by at most 8.7e-4 (measured on a
+        grid of ``[-10, 10]``). The weights are drawn the same way for both, so the same
+        ``rng`` gives the same initial model.
         """
+        if activation not in ("gelu", "gelu_tanh"):
+            raise ValueError(f"activation must be 'gelu' or 'gelu_tanh'; got {activation!r}")
         vocab_size = check_positive_int(vocab_size, "vocab_size")
         context_len = check_positive_int(context_len, "context_len")
         num_layers = check_positive_int(num_layers, "num_layers")
@@ -302,7 +313,7 @@ class GPT:
 
         blocks = []
         for _ in range(num_layers):
-            block = EncoderBlock.init(d_model, num_heads, d_ff, rng, activation="gelu",
+            block = EncoderBlock.init(d_model, num_heads, d_ff, rng, activation=activation,
                                       norm_first=True, dtype=dtype)
             attn, ff = block.self_attn, block.ff
             attn.W_q, attn.W_k, attn.W_v = (normal(d_model, d_model) for _ in range(3))
@@ -321,13 +332,26 @@ class GPT:
     def vocab_size(self) -> int:
         return self.embedding.shape[0]
 
+    @property
+    def activation(self) -> str:
+        """The feed-forward networks' activation, ``"gelu"`` or ``"gelu_tanh"``."""
+        return self.blocks[0].ff.activation
+
     def config(self) -> dict:
-        """The sizes that, with the parameters, define the model (stored in checkpoints)."""
+        """The sizes that, with the parameters, define the model (stored in checkpoints).
+
+        ``"activation"`` is included only when it is not the default ``"gelu"``, so a model
+        of the default kind writes the same config (and checkpoint bytes) as before the
+        option existed.
+        """
         attn = self.blocks[0].self_attn
-        return {"vocab_size": self.vocab_size, "context_len": self.context_len,
-                "d_model": self.embedding.shape[1], "num_heads": attn.num_heads,
-                "d_ff": self.blocks[0].ff.W1.shape[1], "num_layers": len(self.blocks),
-                "dropout": self.dropout}
+        config = {"vocab_size": self.vocab_size, "context_len": self.context_len,
+                  "d_model": self.embedding.shape[1], "num_heads": attn.num_heads,
+                  "d_ff": self.blocks[0].ff.W1.shape[1], "num_layers": len(self.blocks),
+                  "dropout": self.dropout}
+        if self.activation != "gelu":
+            config["activation"] = self.activation
+        return config
 
     def parameters(self) -> dict[str, np.ndarray]:
         """The trainable arrays by dotted name (see ``training.named_parameters``)."""
@@ -402,11 +426,21 @@ class GPT:
     __call__ = forward
 
 
-def gpt_forward(model: GPT, ids, *, rng: np.random.Generator | None = None):
+def gpt_forward(model: GPT, ids, *, rng: np.random.Generator | None = None,
+                fused: bool = False):
     """The training forward pass, which saves what the backward needs: ``(logits, weights, saved)``.
 
     With an ``rng`` and ``model.dropout > 0``, dropout is applied (training); without, the
     result equals ``model.forward(ids)``.
+
+    ``fused=False`` runs the library's functional layers one by one (chapter 12's passes).
+    ``fused=True`` computes the same function with fewer passes over memory: the query, key
+    and value projections as one product with ``[W_q | W_k | W_v]`` (as GPT-2's ``c_attn``),
+    the causal mask added in place, softmax, GELU, dropout and the residual additions
+    written into existing arrays, and the embedding's gradient as a product with the
+    one-hot matrix of the ids. It draws the same dropout masks from ``rng``; its numbers
+    differ from the unfused pass by rounding only (sums taken in another order), so the
+    unfused pass stays the one that reproduces the committed checkpoint.
 
     Shapes
     ------
@@ -417,6 +451,8 @@ def gpt_forward(model: GPT, ids, *, rng: np.random.Generator | None = None):
     Derived in chapter 14, *Train a GPT on Shakespeare*.
     """
     ids = model.check_ids(ids)
+    if fused:
+        return _fused_gpt_forward(model, ids, rng)
     T = ids.shape[1]
     x, embedding_saved = embedding_forward(model.embedding, ids)  # (B, T, d_model)
     x, drop_saved = dropout_forward(x + model.positions[:T], model.dropout, rng)
@@ -442,10 +478,15 @@ def gpt_backward(d_logits, saved) -> dict[str, np.ndarray]:
     ------
     d_logits : (B, T, V) -> gradients of the parameters' shapes
 
+    ``saved`` from a fused forward pass (``fused=True``) is used up: some of its arrays are
+    overwritten, so call this once per forward pass.
+
     Notes
     -----
     Derived in chapter 14, *Train a GPT on Shakespeare*.
     """
+    if saved[0] == "fused":
+        return _fused_gpt_backward(d_logits, saved)
     (embedding_saved, drop_saved, positions_shape, T, blocks_saved, norm_saved,
      out_saved) = saved
     grads = {}
@@ -463,8 +504,11 @@ def gpt_backward(d_logits, saved) -> dict[str, np.ndarray]:
     return grads
 
 
-def gpt_loss_and_grads(model: GPT, ids, targets, *, rng: np.random.Generator | None = None):
+def gpt_loss_and_grads(model: GPT, ids, targets, *, rng: np.random.Generator | None = None,
+                       fused: bool = False):
     """Mean cross-entropy of the next-token predictions, and every parameter's gradient.
+
+    ``fused`` chooses the training pass (see :func:`gpt_forward`).
 
     Returns
     -------
@@ -481,7 +525,7 @@ def gpt_loss_and_grads(model: GPT, ids, targets, *, rng: np.random.Generator | N
     -----
     Derived in chapter 14, *Train a GPT on Shakespeare*.
     """
-    logits, _, saved = gpt_forward(model, ids, rng=rng)
+    logits, _, saved = gpt_forward(model, ids, rng=rng, fused=fused)
     loss, loss_saved = cross_entropy_forward(logits, targets)
     return loss, gpt_backward(cross_entropy_backward(1.0, loss_saved), saved)
 
@@ -587,6 +631,262 @@ def induction_probe(model: GPT, rng: np.random.Generator, num_sequences: int = 1
 
 
 # ---------------------------------------------------------------------------------------------
+# The fused training pass (``fused=True``): the same model, fewer passes over memory
+# ---------------------------------------------------------------------------------------------
+# Each helper below is one kind of work, so a profile (cProfile, by function) splits a step
+# into matrix products (_mm), GELU (_gelu_*), softmax (_softmax_*), layer norm and the rest.
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
+
+
+def _mm(a, b, out=None):
+    """A matrix product (2-d, or stacked over leading axes)."""
+    return np.matmul(a, b, out=out)
+
+
+def _rows_mm(a, b):
+    """``a @ b`` with ``a`` of any leading shape, as one 2-d product of all its rows."""
+    return _mm(a.reshape(-1, a.shape[-1]), b)
+
+
+def _ln_forward(norm, x):
+    """Layer norm of the rows of ``x`` (..., d): ``(y, (normalized, rstd, gamma))``."""
+    mean = x.mean(axis=-1, keepdims=True)
+    normalized = x - mean  # (..., d), the only full-size temporary
+    variance = np.einsum("...i,...i->...", normalized, normalized)[..., None]
+    variance /= x.shape[-1]
+    variance += norm.eps
+    rstd = np.sqrt(variance, out=variance)
+    np.reciprocal(rstd, out=rstd)  # 1 / std, (..., 1)
+    normalized *= rstd
+    y = normalized * norm.gamma
+    y += norm.beta
+    return y, (normalized, rstd, norm.gamma)
+
+
+def _ln_backward(dy, saved):
+    """``dx = (g - mean(g) - n mean(g n)) / std`` with ``g = dy gamma``; ``dgamma``, ``dbeta``."""
+    normalized, rstd, gamma = saved
+    d = normalized.shape[-1]
+    dy_rows, n_rows = dy.reshape(-1, d), normalized.reshape(-1, d)
+    grads = {"gamma": np.einsum("ij,ij->j", dy_rows, n_rows), "beta": dy_rows.sum(axis=0)}
+    g = dy * gamma
+    mean_g = g.mean(axis=-1, keepdims=True)
+    mean_gn = np.einsum("...i,...i->...", g, normalized)[..., None]
+    mean_gn /= d
+    g -= mean_g
+    g -= normalized * mean_gn
+    g *= rstd
+    return g, grads
+
+
+def _dropout_inplace(x, p, rng):
+    """Inverted dropout written into ``x``; the same draws as :func:`dropout_forward`."""
+    if p == 0.0 or rng is None:
+        return None
+    keep = rng.random(x.shape, dtype=np.float32) >= p
+    multipliers = keep.astype(x.dtype)
+    multipliers *= np.asarray(1.0 / (1.0 - p), dtype=x.dtype)
+    x *= multipliers
+    return multipliers
+
+
+def _dropout_backward_inplace(dy, multipliers):
+    if multipliers is not None:
+        dy *= multipliers
+    return dy
+
+
+def _gelu_forward(pre, name):
+    """GELU of ``pre`` into new arrays: ``(hidden, saved)``; ``pre`` is left as it is."""
+    if name == "gelu_tanh":  # 0.5 x (1 + tanh(c (x + a x^3)))
+        t = pre * pre
+        t *= _GELU_A * _GELU_C
+        t += _GELU_C
+        t *= pre
+        np.tanh(t, out=t)
+        hidden = t + 1.0
+        hidden *= pre
+        hidden *= 0.5
+        return hidden, (pre, name, t)
+    cdf = pre * (1.0 / math.sqrt(2.0))  # exact: x Phi(x), Phi through erf
+    erf(cdf, out=cdf)
+    cdf += 1.0
+    cdf *= 0.5
+    return pre * cdf, (pre, name, cdf)
+
+
+def _gelu_backward(dy, saved):
+    """``dy * gelu'(x)``, written into ``dy``; the tanh form also overwrites its saved ``t``."""
+    pre, name, kept = saved
+    if name == "gelu_tanh":
+        # With t = tanh(c (x + a x^3)) and s = 0.5 x c (1 + 3 a x^2):
+        # gelu'(x) = 0.5 (1 + t) + s (1 - t^2) = (1 + t) (0.5 + s (1 - t)).
+        t = kept
+        slope = pre * pre
+        slope *= 3 * _GELU_A * _GELU_C
+        slope += _GELU_C
+        slope *= pre
+        slope *= 0.5  # s
+        np.subtract(1.0, t, out=t)  # 1 - t
+        slope *= t
+        slope += 0.5
+        np.subtract(2.0, t, out=t)  # 1 + t
+        slope *= t
+    else:
+        # d/dx = Phi(x) + x phi(x)
+        slope = pre * pre
+        slope *= -0.5
+        np.exp(slope, out=slope)
+        slope *= pre
+        slope *= 1.0 / math.sqrt(2.0 * math.pi)
+        slope += kept
+    dy *= slope
+    return dy
+
+
+def _softmax_inplace(scores):
+    """Softmax over the last axis, written into ``scores`` (``-inf`` entries become 0)."""
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    total = scores.sum(axis=-1, keepdims=True)
+    np.reciprocal(total, out=total)
+    scores *= total
+    return scores
+
+
+def _softmax_backward_inplace(d_weights, weights):
+    """``P * (dP - rowsum(dP * P))``, written into ``dP``."""
+    row = np.einsum("...i,...i->...", d_weights, weights)[..., None]
+    d_weights -= row
+    d_weights *= weights
+    return d_weights
+
+
+def _fused_block_forward(block, x, causal_bias, dropout, rng):
+    """A pre-LN causal block, ``x`` updated in place: ``(x, weights, saved)``.
+
+    The query, key and value projections are one product with ``[W_q | W_k | W_v]``;
+    softmax, GELU and dropout run in place.
+    """
+    attn, ff = block.self_attn, block.ff
+    B, T, C = x.shape
+    H = attn.num_heads
+    d_head = C // H
+    normed1, norm1_saved = _ln_forward(block.norm1, x)
+    W_qkv = np.concatenate([attn.W_q, attn.W_k, attn.W_v], axis=1)  # (C, 3C)
+    qkv = _rows_mm(normed1, W_qkv)  # (N, 3C)
+    qkv += np.concatenate([attn.b_q, attn.b_k, attn.b_v])
+    q, k, v = qkv.reshape(B, T, 3, H, d_head).transpose(2, 0, 3, 1, 4)  # (B, H, T, d_head)
+    scale = 1.0 / math.sqrt(d_head)
+    # k^T copied to a contiguous array first: NumPy's stacked product with the transposed
+    # view is several times slower with 2 BLAS threads (measured: 10 ms against 1.3 ms).
+    weights = _mm(q, np.ascontiguousarray(k.swapaxes(-1, -2)))  # (B, H, T, T), the scores
+    weights *= np.asarray(scale, dtype=weights.dtype)
+    weights += causal_bias
+    _softmax_inplace(weights)
+    heads = _mm(weights, v)  # (B, H, T, d_head)
+    merged = heads.transpose(0, 2, 1, 3).reshape(B * T, C)
+    attended = _mm(merged, attn.W_o)
+    attended += attn.b_o
+    drop1 = _dropout_inplace(attended, dropout, rng)
+    x += attended.reshape(B, T, C)
+    normed2, norm2_saved = _ln_forward(block.norm2, x)
+    pre = _rows_mm(normed2, ff.W1)  # (N, d_ff)
+    pre += ff.b1
+    hidden, gelu_saved = _gelu_forward(pre, ff.activation)
+    transformed = _mm(hidden, ff.W2)  # (N, C)
+    transformed += ff.b2
+    drop2 = _dropout_inplace(transformed, dropout, rng)
+    x += transformed.reshape(B, T, C)
+    saved = (normed1, norm1_saved, W_qkv, q, k, v, weights, scale, merged, attn.W_o, drop1,
+             normed2, norm2_saved, ff.W1, gelu_saved, hidden, ff.W2, drop2, H)
+    return x, weights, saved
+
+
+def _fused_block_backward(dy, saved):
+    """Gradients of :func:`_fused_block_forward`: ``(dx, grads)``; ``dy`` is not changed."""
+    (normed1, norm1_saved, W_qkv, q, k, v, weights, scale, merged, W_o, drop1,
+     normed2, norm2_saved, W1, gelu_saved, hidden, W2, drop2, H) = saved
+    B, T, C = dy.shape
+    N = B * T
+    dy_rows = dy.reshape(N, C)
+    # The feed-forward sub-layer.
+    d_out = dy_rows if drop2 is None else dy_rows * drop2  # (N, C)
+    grads = {"ff.W2": _mm(hidden.T, d_out), "ff.b2": d_out.sum(axis=0)}
+    d_pre = _gelu_backward(_mm(d_out, W2.T), gelu_saved)  # (N, d_ff)
+    grads["ff.W1"], grads["ff.b1"] = _mm(normed2.reshape(N, C).T, d_pre), d_pre.sum(axis=0)
+    dx, norm2_grads = _ln_backward(_mm(d_pre, W1.T).reshape(B, T, C), norm2_saved)
+    dx += dy  # the residual path
+    # The attention sub-layer.
+    d_out = dx.reshape(N, C) if drop1 is None else dx.reshape(N, C) * drop1
+    grads["self_attn.W_o"], grads["self_attn.b_o"] = _mm(merged.T, d_out), d_out.sum(axis=0)
+    d_heads = _mm(d_out, W_o.T).reshape(B, T, H, C // H).transpose(0, 2, 1, 3)
+    d_qkv = np.empty((B, T, 3, H, C // H), dtype=dy.dtype)
+    dq, dk, dv = d_qkv.transpose(2, 0, 3, 1, 4)  # views, (B, H, T, d_head)
+    dv[...] = _mm(weights.swapaxes(-1, -2), d_heads)
+    v_t = np.ascontiguousarray(v.swapaxes(-1, -2))  # contiguous, as k^T in the forward
+    d_scores = _softmax_backward_inplace(_mm(d_heads, v_t), weights)
+    d_scores *= np.asarray(scale, dtype=d_scores.dtype)
+    dq[...] = _mm(d_scores, k)
+    dk[...] = _mm(d_scores.swapaxes(-1, -2), q)
+    d_qkv = d_qkv.reshape(N, 3 * C)
+    dW_qkv = _mm(normed1.reshape(N, C).T, d_qkv)  # (C, 3C)
+    db_qkv = d_qkv.sum(axis=0)
+    for index, part in enumerate("qkv"):
+        grads[f"self_attn.W_{part}"] = dW_qkv[:, index * C:(index + 1) * C]
+        grads[f"self_attn.b_{part}"] = db_qkv[index * C:(index + 1) * C]
+    d_norm1_in, norm1_grads = _ln_backward(_mm(d_qkv, W_qkv.T).reshape(B, T, C), norm1_saved)
+    dx += d_norm1_in
+    grads |= {f"norm1.{name}": grad for name, grad in norm1_grads.items()}
+    grads |= {f"norm2.{name}": grad for name, grad in norm2_grads.items()}
+    return dx, grads
+
+
+def _fused_gpt_forward(model, ids, rng):
+    B, T = ids.shape
+    x = model.embedding[ids]  # (B, T, d_model), a new array
+    x += model.positions[:T]
+    drop = _dropout_inplace(x, model.dropout, rng)
+    causal_bias = np.where(np.tri(T, dtype=bool), 0.0, -np.inf).astype(x.dtype)  # (T, T)
+    weights, blocks_saved = [], []
+    for block in model.blocks:
+        x, block_weights, block_saved = _fused_block_forward(block, x, causal_bias,
+                                                             model.dropout, rng)
+        weights.append(block_weights)
+        blocks_saved.append(block_saved)
+    normed, norm_saved = _ln_forward(model.norm, x)
+    logits = _rows_mm(normed, model.W_out).reshape(B, T, -1)  # (B, T, V)
+    saved = ("fused", ids, model.embedding.shape, drop, model.positions.shape, T,
+             blocks_saved, normed, norm_saved, model.W_out)
+    return logits, weights, saved
+
+
+def _fused_gpt_backward(d_logits, saved):
+    (_, ids, embedding_shape, drop, positions_shape, T, blocks_saved, normed, norm_saved,
+     W_out) = saved
+    V = d_logits.shape[-1]
+    d_rows = d_logits.reshape(-1, V)
+    grads = {"W_out": _mm(normed.reshape(-1, normed.shape[-1]).T, d_rows)}
+    dx, norm_grads = _ln_backward(_mm(d_rows, W_out.T).reshape(normed.shape), norm_saved)
+    grads |= {f"norm.{name}": grad for name, grad in norm_grads.items()}
+    for index in reversed(range(len(blocks_saved))):
+        dx, block_grads = _fused_block_backward(dx, blocks_saved[index])
+        grads |= {f"blocks.{index}.{name}": grad for name, grad in block_grads.items()}
+    dx = _dropout_backward_inplace(dx, drop)
+    d_positions = np.zeros(positions_shape, dtype=dx.dtype)
+    d_positions[:T] = dx.sum(axis=0)
+    grads["positions"] = d_positions
+    # Row i of the embedding's gradient sums dx over the occurrences of token i: a product
+    # with the one-hot matrix of the ids, (V, N) @ (N, d), instead of a scattered np.add.at.
+    one_hot = np.zeros((embedding_shape[0], ids.size), dtype=dx.dtype)
+    one_hot[ids.reshape(-1), np.arange(ids.size)] = 1
+    grads["embedding"] = _mm(one_hot, dx.reshape(ids.size, -1))
+    return grads
+
+
+# ---------------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------------
 
@@ -627,6 +927,7 @@ def load_gpt(path, sha256: str | None = None) -> tuple[GPT, CharCodec]:
     model = GPT.init(config["vocab_size"], config["context_len"], config["d_model"],
                      config["num_heads"], config["num_layers"], np.random.default_rng(0),
                      d_ff=config["d_ff"], dropout=config["dropout"],
+                     activation=config.get("activation", "gelu"),
                      dtype=arrays["embedding"].dtype)
     params = model.parameters()
     if params.keys() != arrays.keys():
