@@ -364,7 +364,7 @@ def test_chapter_links_the_api_entries_it_ships_and_its_glossary_terms(build, na
         "no link to a glossary term"
 
 
-def test_status_page_lists_every_notebook_with_its_last_run(build):
+def test_status_page_lists_every_notebook_with_its_last_run_and_peak_memory(build):
     html, _, _ = build
     soup = BeautifulSoup((html / "book" / "status.html").read_text(encoding="utf-8"),
                          "html.parser")
@@ -377,3 +377,5 @@ def test_status_page_lists_every_notebook_with_its_last_run(build):
         cells = [cell.get_text(strip=True) for cell in row.find_all("td")]
         assert row.find("a", href=f"{name.split('/')[-1]}.html"), f"no link to {name}"
         assert float(cells[2]) > 0, f"no recorded run time for {name}: {cells}"
+        peak = float(cells[3].replace(",", ""))  # MiB, recorded by scripts/execute_notebooks.py
+        assert 0 < peak <= 1024, f"no recorded peak memory within Binder's 1 GiB for {name}"
