@@ -574,6 +574,25 @@ class _RequantizedFile:
         return values.astype(dtype, copy=False)
 
 
+def _requantize_plan(gguf, ftype, token_embedding_type, pure, allow_requantize):
+    """(type of every tensor, names whose type changes), refusing what llama-quantize refuses
+    (a quantized tensor without ``allow_requantize``) and what :func:`quantize` cannot write."""
+    types = llama_quantize_types(gguf, ftype, token_embedding_type=token_embedding_type,
+                                 pure=pure)
+    requantized = tuple(name for name, new_type in types.items()
+                        if new_type != gguf.tensors[name].ggml_type)
+    for name in requantized:
+        old, new = gguf.tensors[name].ggml_type, types[name]
+        if old not in ("F32", "F16") and not allow_requantize:
+            raise ValueError(f"{name} is stored as {old}: requantizing it to {new} needs "
+                             "allow_requantize=True (llama-quantize refuses it without "
+                             "--allow-requantize: the file is not the original weights)")
+        if new not in _BLOCK_BYTES:
+            raise ValueError(f"llama-quantize would store {name} as {new}, which quantize "
+                             f"cannot write (it writes {list(QUANTIZE_TYPES)})")
+    return types, requantized
+
+
 def llama_quantize_model(gguf, ftype: str, *, token_embedding_type: str | None = None,
                          pure: bool = False, allow_requantize: bool = False,
                          dtype=np.float32) -> tuple[SmolLM2, QuantizedFile]:
@@ -618,19 +637,8 @@ def llama_quantize_model(gguf, ftype: str, *, token_embedding_type: str | None =
     -----
     Derived in chapter 17, *From weights to a chat*.
     """
-    types = llama_quantize_types(gguf, ftype, token_embedding_type=token_embedding_type,
-                                 pure=pure)
-    requantized = tuple(name for name, new_type in types.items()
-                        if new_type != gguf.tensors[name].ggml_type)
-    for name in requantized:
-        old, new = gguf.tensors[name].ggml_type, types[name]
-        if old not in ("F32", "F16") and not allow_requantize:
-            raise ValueError(f"{name} is stored as {old}: requantizing it to {new} needs "
-                             "allow_requantize=True (llama-quantize refuses it without "
-                             "--allow-requantize: the file is not the original weights)")
-        if new not in _BLOCK_BYTES:
-            raise ValueError(f"llama-quantize would store {name} as {new}, which quantize "
-                             f"cannot write (it writes {list(QUANTIZE_TYPES)})")
+    types, requantized = _requantize_plan(gguf, ftype, token_embedding_type, pure,
+                                          allow_requantize)
     nbytes = sum(quantized_nbytes(info.shape, types[name])
                  for name, info in gguf.tensors.items())
     model = SmolLM2.from_gguf(_RequantizedFile(gguf, types), dtype)
@@ -690,19 +698,9 @@ def requantized_in_place(model: SmolLM2, gguf, ftype: str, *,
     """
     if not isinstance(model, SmolLM2):
         raise TypeError(f"model must be a SmolLM2; got {type(model).__name__}")
-    types = llama_quantize_types(gguf, ftype, token_embedding_type=token_embedding_type,
-                                 pure=pure)
-    requantized = tuple(name for name, new_type in types.items()
-                        if new_type != gguf.tensors[name].ggml_type)
+    types, requantized = _requantize_plan(gguf, ftype, token_embedding_type, pure,
+                                          allow_requantize)
     for name in requantized:
-        old, new = gguf.tensors[name].ggml_type, types[name]
-        if old not in ("F32", "F16") and not allow_requantize:
-            raise ValueError(f"{name} is stored as {old}: requantizing it to {new} needs "
-                             "allow_requantize=True (llama-quantize refuses it without "
-                             "--allow-requantize: the file is not the original weights)")
-        if new not in _BLOCK_BYTES:
-            raise ValueError(f"llama-quantize would store {name} as {new}, which quantize "
-                             f"cannot write (it writes {list(QUANTIZE_TYPES)})")
         _model_array(model, name)  # every target exists before anything changes
     nbytes = sum(quantized_nbytes(info.shape, types[name])
                  for name, info in gguf.tensors.items())
