@@ -374,9 +374,18 @@ class MultiHeadLatentAttention:
         W_uk = self.W_uk.reshape(d_c, H, self.d_head).transpose(1, 2, 0)  # (H, d_head, d_c)
         q_latent = q_content @ W_uk  # (..., H, T, d_latent)
         queries = np.concatenate([q_latent, q_rope.astype(q_latent.dtype, copy=False)], axis=-1)
+        # Every head reads the same cache rows: stack the heads' queries into one block of
+        # H T rows, so the cache is read once per step by one matrix product (a batch of H
+        # products would read it H times).
+        lead, T, Tk = queries.shape[:-3], queries.shape[-2], entries.shape[-2]
+        stacked = queries.reshape(*lead, 1, H * T, queries.shape[-1])  # (..., 1, H T, w)
+        if mask is not None:
+            mask = np.broadcast_to(mask, (*lead, H, T, Tk)).reshape(*lead, 1, H * T, Tk)
         keys = entries[..., None, :, :]  # (..., 1, Tk, d_latent + d_rope)
-        latent_heads, weights = _attend(queries, keys, latent[..., None, :, :], self.scale,
-                                        mask)  # (..., H, T, d_latent)
+        latent_heads, weights = _attend(stacked, keys, latent[..., None, :, :], self.scale,
+                                        mask)  # (..., 1, H T, d_latent)
+        latent_heads = latent_heads.reshape(*lead, H, T, d_c)  # (..., H, T, d_latent)
+        weights = weights.reshape(*lead, H, T, Tk)  # (..., H, T, Tk)
         W_uv = self.W_uv.reshape(d_c, H, self.d_v).transpose(1, 0, 2)  # (H, d_latent, d_v)
         return latent_heads @ W_uv, weights  # (..., H, T, d_v)
 
