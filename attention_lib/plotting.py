@@ -771,7 +771,8 @@ def attention_viewer(tokens, weights, *, layer_names=None, head_names=None,
 
     Notes
     -----
-    Used from chapter 18, on what the heads of a real model do.
+    Used in chapters 15 and 16 (every head of MiniLM and SmolLM2 on one sentence) and 18 (what
+    the heads of a real model do).
 
     Examples
     --------
