@@ -411,3 +411,29 @@ def test_training_log_matches_the_checkpoint():
     # The loss fell below the bigram baseline (2.48) and ended near the full-split number.
     assert log["final"]["val_loss_full_split"] < 2.0
     assert abs(log["evaluations"][-1]["val"] - log["final"]["val_loss_full_split"]) < 0.05
+
+
+def test_forward_is_bit_identical_to_the_explicit_block_loop_and_fires_block_hooks():
+    # GPT.forward runs each block's own forward pass; it gives the same bits as writing the
+    # pre-LN block out by hand (as GPT.forward did before), on the committed checkpoint.
+    from attention_lib.hooks import capture
+    from attention_lib.masks import causal_mask
+
+    model, _ = load_shakespeare_gpt()
+    ids = np.random.default_rng(0).integers(0, 65, (4, model.context_len))
+
+    def by_hand(model, ids):
+        x = model.embedding[ids] + model.positions[:ids.shape[1]]
+        mask = causal_mask(ids.shape[1], ids.shape[1])
+        for block in model.blocks:
+            attended, _ = block.self_attn(block.norm1(x), mask=mask)
+            x = x + attended
+            x = x + block.ff(block.norm2(x))
+        return model.norm(x) @ model.W_out
+
+    np.testing.assert_array_equal(model.forward(ids), by_hand(model, ids))
+    with capture(model, "blocks.*.resid_post") as recording:
+        logits = model.forward(ids[:1])
+    assert len(recording) == len(model.blocks)
+    last = recording[f"blocks.{len(model.blocks) - 1}.resid_post"]
+    np.testing.assert_array_equal(model.norm(last) @ model.W_out, logits)

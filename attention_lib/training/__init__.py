@@ -51,8 +51,12 @@ from .gpt import (
     load_shakespeare_text,
     random_windows,
     repeated_random_sequences,
+    repeated_snippets,
     save_gpt,
+    sliding_window_losses,
+    token_losses,
     train_val_split,
+    window_losses,
 )
 from .gradcheck import check_gradients, numerical_gradient, relative_error
 from .loop import progress_bar, train
@@ -132,13 +136,17 @@ __all__ = [
     "random_windows",
     "relative_error",
     "repeated_random_sequences",
+    "repeated_snippets",
     "reversal_data",
     "sample_next",
     "save_gpt",
+    "sliding_window_losses",
     "softmax_backward",
     "softmax_forward",
     "sum_to_shape",
+    "token_losses",
     "train",
     "train_val_split",
     "warmup_cosine_lr",
+    "window_losses",
 ]

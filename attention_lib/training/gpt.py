@@ -67,8 +67,12 @@ __all__ = [
     "load_shakespeare_text",
     "random_windows",
     "repeated_random_sequences",
+    "repeated_snippets",
     "save_gpt",
+    "sliding_window_losses",
+    "token_losses",
     "train_val_split",
+    "window_losses",
 ]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -414,12 +418,11 @@ class GPT:
         mask = causal_mask(T, start + T)  # the new positions see every earlier one
         weights = []
         for index, block in enumerate(self.blocks):
-            normed = block.norm1(x)
-            attended, block_weights = block.self_attn(
-                normed, mask=mask, cache=None if cache is None else cache.layer(index))
+            # The block's own forward pass (pre-LN: x + attn(norm1(x)), then x + ff(norm2(x))),
+            # so that its hook points (chapter 18) fire on this model too.
+            x, block_weights = block.forward(x, mask, None if cache is None else cache.layer(index),
+                                             return_weights=True)
             weights.append(block_weights)
-            x = x + attended
-            x = x + block.ff(block.norm2(x))
         logits = self.norm(x) @ self.W_out  # (B, T, V)
         return (logits, weights) if return_weights else logits
 
@@ -566,6 +569,153 @@ def evaluate_loss(model: GPT, data, *, context_len: int | None = None,
         total += (log_norm - picked).astype(np.float64).sum(axis=0)
     per_position_loss = total / num_windows
     return per_position_loss if per_position else float(per_position_loss.mean())
+
+
+def token_losses(model: GPT, ids, targets, *, batch_size: int = 64) -> np.ndarray:
+    """The loss of every prediction, ``-log p(targets[b, t] | ids[b, :t + 1])``, no dropout.
+
+    The log-softmax is taken in the model's dtype (as :func:`evaluate_loss` does), the
+    result returned in float64.
+
+    Shapes
+    ------
+    ids : (B, T) int, targets : (B, T) int -> (B, T) float64
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+
+    Examples
+    --------
+    >>> model = GPT.init(65, 8, 16, 2, 1, np.random.default_rng(0))
+    >>> ids = np.arange(10).reshape(2, 5)
+    >>> token_losses(model, ids, ids + 1).shape
+    (2, 5)
+    """
+    ids = model.check_ids(ids)
+    targets = np.asarray(targets)
+    if targets.shape != ids.shape or not np.issubdtype(targets.dtype, np.integer):
+        raise ValueError(f"targets must be an integer array of the shape of ids {ids.shape}; "
+                         f"got shape {targets.shape}, dtype {targets.dtype}")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    losses = np.empty(ids.shape, dtype=np.float64)
+    for start in range(0, ids.shape[0], batch_size):
+        logits = model.forward(ids[start:start + batch_size])  # (b, T, V)
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        log_norm = np.log(np.exp(shifted).sum(axis=-1))  # (b, T)
+        picked = np.take_along_axis(shifted, targets[start:start + batch_size, :, None],
+                                    axis=-1)[..., 0]
+        losses[start:start + batch_size] = log_norm - picked
+    return losses
+
+
+def window_losses(model: GPT, data, *, context_len: int | None = None,
+                  batch_size: int = 64) -> np.ndarray:
+    """The loss of every prediction in :func:`evaluate_loss`'s consecutive windows.
+
+    Window ``i`` is ``data[i T : (i + 1) T]`` and its targets ``data[i T + 1 : (i + 1) T + 1]``:
+    entry ``[i, t]`` is the loss of character ``i T + t + 1`` predicted from the ``t + 1``
+    characters of its window before it (the context starts again at every window). Its mean
+    over axis 0 is ``evaluate_loss(..., per_position=True)``; its spread over windows gives
+    error bars.
+
+    Shapes
+    ------
+    data : (N,) int -> ((N - 1) // T, T) float64
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    data = np.asarray(data)
+    T = model.context_len if context_len is None else check_positive_int(context_len,
+                                                                         "context_len")
+    num_windows = (data.size - 1) // T
+    if data.ndim != 1 or num_windows < 1:
+        raise ValueError(f"data must be 1-d with more than context_len={T} ids; got shape "
+                         f"{data.shape}")
+    inputs = data[:num_windows * T].reshape(num_windows, T)
+    targets = data[1:num_windows * T + 1].reshape(num_windows, T)
+    return token_losses(model, inputs, targets, batch_size=batch_size)
+
+
+def sliding_window_losses(model: GPT, data, stride: int = 1, *, context_len: int | None = None,
+                          batch_size: int = 64) -> np.ndarray:
+    """The loss of each character from ``data[T]`` on, predicted with (almost) full context.
+
+    A window of ``T`` characters slides along ``data`` by ``stride``; each window scores only
+    its last ``stride`` predictions, so every scored character is predicted from at least
+    ``T - stride + 1`` and at most ``T`` characters before it (exactly ``T`` with
+    ``stride=1``). This is how a model that reads a long text, cropping the context from the
+    left, predicts it; it costs ``T / stride`` times the forward passes of :func:`window_losses`.
+
+    Shapes
+    ------
+    data : (N,) int -> ((N - T) // stride * stride,) float64
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(K stride,)`` float64 with ``K = (N - T) // stride``: entry ``j`` is the loss of
+        ``data[T + j]``.
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*. A key/value cache cannot make the
+    slide cheaper for this model: its positions are absolute, so when the window moves every
+    character changes position and every key and value changes.
+    """
+    data = np.asarray(data)
+    T = model.context_len if context_len is None else check_positive_int(context_len,
+                                                                         "context_len")
+    stride = check_positive_int(stride, "stride")
+    if stride > T:
+        raise ValueError(f"stride must lie in [1, context_len={T}]; got {stride}")
+    num_windows = (data.size - T) // stride
+    if data.ndim != 1 or num_windows < 1:
+        raise ValueError(f"data must be 1-d with at least context_len + stride = {T + stride} "
+                         f"ids; got shape {data.shape}")
+    # Window k ends just before target T + k stride + stride - 1: inputs
+    # data[k stride + stride - 1 : k stride + stride - 1 + T].
+    offsets = (np.arange(num_windows) * stride + stride - 1)[:, None] + np.arange(T)  # (K, T)
+    losses = np.empty((num_windows, stride), dtype=np.float64)
+    for start in range(0, num_windows, batch_size):
+        chunk = offsets[start:start + batch_size]
+        losses[start:start + batch_size] = token_losses(
+            model, data[chunk], data[chunk + 1], batch_size=batch_size)[:, T - stride:]
+    return losses.reshape(-1)
+
+
+def repeated_snippets(data, num_sequences: int, half_len: int,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Snippets of ``data`` said twice, and the same snippets after the text before them.
+
+    Snippet ``i`` is ``half_len`` consecutive ids at a random start ``s`` (at least
+    ``half_len`` from the beginning). ``repeated[i]`` is the snippet followed by itself;
+    ``control[i]`` is the snippet in its place in ``data``, after the ``half_len`` ids that
+    precede it. The second halves are the same ids at the same positions, so a difference of
+    loss there comes from what the first half holds: the same text (something to copy) or
+    the text's own context.
+
+    Shapes
+    ------
+    data : (N,) int -> repeated (num_sequences, 2 half_len), control (num_sequences,
+    2 half_len)
+
+    Notes
+    -----
+    Derived in chapter 14, *Train a GPT on Shakespeare*.
+    """
+    data = np.asarray(data)
+    num_sequences = check_positive_int(num_sequences, "num_sequences")
+    half_len = check_positive_int(half_len, "half_len")
+    if data.ndim != 1 or data.size < 2 * half_len:
+        raise ValueError(f"data must be 1-d with at least 2 half_len = {2 * half_len} ids; "
+                         f"got shape {data.shape}")
+    starts = rng.integers(half_len, data.size - half_len + 1, size=num_sequences)
+    control = data[(starts - half_len)[:, None] + np.arange(2 * half_len)]  # (n, 2 half_len)
+    second = control[:, half_len:]
+    return np.concatenate([second, second], axis=1), control
 
 
 def repeated_random_sequences(rng: np.random.Generator, num_sequences: int, half_len: int,
