@@ -2,14 +2,19 @@
 multi-head, grouped-query and latent attention (naive and absorbed) and for linear attention and
 the gated delta rule, whose state does not grow (chapter 19).
 
-    OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python benchmarks/decode_variants.py \
+    taskset -c 1 .venv/bin/python benchmarks/decode_variants.py \
         [--contexts 128 256 ... 16384] [--repeat 5] [--out benchmarks/results/decode_variants.json]
+    .venv/bin/python benchmarks/decode_variants.py --quick   # a short test of the script
+
+``--quick`` times three contexts (128, 512, 2048) with 2 runs each and the rates with 3, and
+writes to the system's temporary directory unless ``--out`` is given, so that a test run never
+replaces the committed results.
 
 One layer of each kind, float32, d_model = 2048, 32 query heads of 64 features (GQA: 8
 key/value heads; MLA: a latent of 512 and a RoPE key of 64, DeepSeek-V3's sizes), batch of
-one. The weights of a layer (42 to 67 MB) exceed the processor's last-level cache (32 MiB on
-the machine that made the committed results), so, as in a real model whose many layers could
-never all stay in cache, every step reads them from main memory.
+one. The weights of a layer (42 to 68 MB) exceed the processor's last-level cache (its size is
+read from /sys and recorded in the JSON), so, as in a real model whose many layers could never
+all stay in cache, every step reads them from main memory.
 Each step takes the hidden state of one new token, projects it, appends to the layer's cache (or
 updates its state), attends and applies the output projection: what a decoder does per layer
 and per generated token. Before each step the cache holds ``T`` positions (filled with random
@@ -22,12 +27,18 @@ Memory: the bytes the layer holds after ``T`` tokens (the cache's ``T`` position
 state), and the peak of the memory one step allocates on top of that (``tracemalloc``, which
 NumPy reports its arrays to), in a separate, untimed run.
 
-Predicted bound: the roofline of chapter 16, ``max(bytes / bandwidth, flops / peak)``, with
-the copy bandwidth (64 MiB float32, counting bytes read and written) and the matrix-product peak
-(1024 x 1024 float32) measured by this script under the same thread limit. Bytes: the layer's
-weights and the cache (or state) read once; flops: 2 per multiply-add of the products with the
-weights and of the attention (counted in ``flops_and_bytes``). The JSON records the machine,
-the load average before and after, and all of this.
+Predicted bound: the roofline of chapter 16, ``max(bytes / bandwidth, flops / peak)``, with the
+*read* bandwidth (the dot product of a 64 MiB float32 vector with itself, which streams it from
+memory once and writes nothing, as a decoding step only reads its weights and cache; in a trial
+on the machine of the committed results it streamed faster than a vector times a matrix of the
+same size) and the matrix-product peak (1024 x 1024 float32), both measured by this script
+under the same thread limit and both from the FASTEST of their runs, as the steps' times are:
+on a shared machine every disturbance only adds time. The copy bandwidth of chapter 16 (64 MiB,
+counting bytes read and written) is recorded too, for comparison. Bytes: the layer's weights
+and the cache (or state) read once; flops: 2 per multiply-add of the products with the weights
+and of the attention (counted in ``flops_and_bytes``). The JSON records the machine (with its
+last-level cache), the git commit of the code measured and whether ``attention_lib`` or this
+script had uncommitted changes, the load average before and after, and all of this.
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ import json
 import math
 import os
 import platform
+import subprocess
+import tempfile
 import time
 import tracemalloc
 from functools import partial
@@ -53,9 +66,19 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--contexts", type=int, nargs="+",
                     default=[128, 256, 512, 1024, 2048, 4096, 8192, 16384])
 parser.add_argument("--repeat", type=int, default=5)
-parser.add_argument("--out", type=Path,
-                    default=Path(__file__).parent / "results" / "decode_variants.json")
+parser.add_argument("--out", type=Path, default=None,
+                    help="default benchmarks/results/decode_variants.json "
+                         "(with --quick: decode_variants_quick.json in the temporary directory)")
+parser.add_argument("--quick", action="store_true",
+                    help="contexts 128 512 2048, 2 runs each, 3 runs of each rate (a test)")
 args = parser.parse_args()
+RATE_REPEAT = 7
+if args.quick:
+    args.contexts, args.repeat, RATE_REPEAT = [128, 512, 2048], 2, 3
+if args.out is None:
+    args.out = (Path(tempfile.gettempdir()) / "decode_variants_quick.json" if args.quick else
+                Path(__file__).parent / "results" / "decode_variants.json")
+REPO = Path(__file__).resolve().parent.parent
 
 CONFIG = {"d_model": 2048, "num_heads": 32, "d_head": 64, "num_kv_heads": 8, "d_latent": 512,
           "d_query_latent": 768, "d_rope": 64, "dtype": "float32"}
@@ -241,6 +264,44 @@ def make_recurrent_variant(kind):
     return prepare, step, held, flops_and_bytes
 
 
+def last_level_cache():
+    """The largest-level cache of processor 0, from /sys (None where /sys does not say)."""
+    caches = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction":
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        number = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        caches.append({"level": level, "bytes": number, "source": str(index / "size")})
+    return max(caches, key=lambda cache: cache["level"]) if caches else None
+
+
+def code_version():
+    """The git commit of the checkout measured, and which measured files differ from it."""
+    def git(*arguments):
+        return subprocess.run(["git", *arguments], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        changed = git("status", "--porcelain", "--", "attention_lib",
+                      "benchmarks/decode_variants.py").splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    changed = sorted(line[3:] for line in changed)
+    return {"commit": commit,
+            # the library's code (its .py files) differs from the commit; data files aside
+            "attention_lib_uncommitted": any(path.startswith("attention_lib")
+                                             and path.endswith(".py") for path in changed),
+            "script_uncommitted": "benchmarks/decode_variants.py" in changed,
+            "uncommitted_files": changed}
+
+
 def machine():
     model = "unknown"
     if Path("/proc/cpuinfo").exists():
@@ -250,8 +311,9 @@ def machine():
                 break
     blas = [{key: pool.get(key) for key in ("internal_api", "version", "num_threads")}
             for pool in threadpool_info() if pool["user_api"] == "blas"]
-    return {"cpu": model, "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "numpy": np.__version__, "blas": blas}
+    return {"cpu": model, "cpu_count": os.cpu_count(), "last_level_cache": last_level_cache(),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "numpy": np.__version__, "blas": blas}
 
 
 def main():
@@ -261,18 +323,25 @@ def main():
     except (AttributeError, OSError):
         pinned = None
     load_before = os.getloadavg()
+    code = code_version()
     with threadpool_limits(limits=1):
         check_recurrent_steps()
         info = machine()
-        # The machine's two rates, as chapter 16 measures them.
+        # The machine's rates, each from the fastest of its runs (as the steps' times are).
+        # Read: the dot product of a 64 MiB vector with itself streams it once, writes nothing.
+        vector = rng.standard_normal(2**24, dtype=DTYPE)
+        read_runs = timed(partial(np.dot, vector, vector), RATE_REPEAT)
+        bandwidth = vector.nbytes / min(read_runs)
+        del vector
+        # Copy (chapter 16's measurement): reads and writes 64 MiB each; for comparison only.
         source = rng.standard_normal(2**24, dtype=DTYPE)  # 64 MiB
         target = np.empty_like(source)
-        copy_runs = timed(partial(np.copyto, target, source), 7)
-        bandwidth = 2 * source.nbytes / np.median(copy_runs)
+        copy_runs = timed(partial(np.copyto, target, source), RATE_REPEAT)
+        copy_bandwidth = 2 * source.nbytes / min(copy_runs)
         del source, target
         left, right = rng.standard_normal((2, 1024, 1024), dtype=DTYPE)
-        matmul_runs = timed(partial(np.matmul, left, right), 7)
-        peak = 2 * 1024**3 / np.median(matmul_runs)
+        matmul_runs = timed(partial(np.matmul, left, right), RATE_REPEAT)
+        peak = 2 * 1024**3 / min(matmul_runs)
         variants = {
             "MHA": make_kv_variant(H),
             "GQA": make_kv_variant(H_KV),
@@ -310,7 +379,10 @@ def main():
     load_after = os.getloadavg()
     output = {
         "script": "benchmarks/decode_variants.py",
+        "format": 2,  # 2: rates from the fastest runs, read bandwidth, cache size, code version
+        "quick": args.quick,
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "code": code,
         "machine": info,
         "threads": 1,
         "pinned_cpus": pinned,
@@ -319,16 +391,24 @@ def main():
         "config": CONFIG,
         "repeat": args.repeat,
         "contexts": args.contexts,
-        "bandwidth_bytes_per_s": bandwidth,
-        "bandwidth_runs_s": copy_runs,
-        "peak_flops_per_s": peak,
+        "rate_repeat": RATE_REPEAT,
+        "bandwidth_bytes_per_s": bandwidth,  # read-only, fastest run: the bound's bytes rate
+        "bandwidth_kind": "read: dot product of a 2**24 float32 vector with itself",
+        "bandwidth_bytes_per_run": 2**24 * ITEM,
+        "bandwidth_runs_s": read_runs,
+        "copy_bandwidth_bytes_per_s": copy_bandwidth,  # read + written, fastest run
+        "copy_bytes_per_run": 2 * 2**24 * ITEM,
+        "copy_runs_s": copy_runs,
+        "peak_flops_per_s": peak,  # fastest run
+        "matmul_flops_per_run": 2 * 1024**3,
         "matmul_runs_s": matmul_runs,
         "variants": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(output, indent=1) + "\n")
-    print(f"bandwidth {bandwidth / 1e9:.1f} GB/s, peak {peak / 1e9:.1f} GFLOP/s, load average "
-          f"{load_before[0]:.2f} -> {load_after[0]:.2f}; wrote {args.out}")
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s (copy {copy_bandwidth / 1e9:.1f}), peak "
+          f"{peak / 1e9:.1f} GFLOP/s, load average {load_before[0]:.2f} -> {load_after[0]:.2f}; "
+          f"wrote {args.out}")
 
 
 if __name__ == "__main__":

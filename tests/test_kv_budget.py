@@ -69,6 +69,19 @@ def test_recurrent_layers_hold_a_constant_state(models):
     assert model_bytes(qwen, CONTEXT) == 36 * 1_097_728 + 12 * 2 * 2 * 256 * 2 * CONTEXT
 
 
+def test_kimi_linear_has_the_released_checkpoints_seven_mla_layers(models):
+    # Kimi-Linear-48B-A3B: full_attn_layers [4, 8, 12, 16, 20, 24, 27] (1-based) of 27: 7 MLA
+    # layers of 576 numbers = 1152 bytes per token, and 20 KDA layers of 32 x 128 x 128 state
+    # numbers plus 3 x 32 x 128 = 12,288 conv channels x 3 inputs: 561,152 numbers = 1,122,304
+    # bytes each. At 128k: 7 x 1152 x 131,072 + 20 x 1,122,304 = 1,079,410,688 bytes (1.005 GiB).
+    kimi = models["Kimi-Linear-48B-A3B"]
+    recurrent, latent = kimi["layers"]
+    assert latent["count"] == len(kimi["source"]["read"]["full_attn_layers"]) == 7
+    assert recurrent["count"] == kimi["num_layers"] - 7 == 20
+    assert layer_bytes(recurrent, 1) == (32 * 128 * 128 + 12288 * 3) * 2 == 1_122_304
+    assert model_bytes(kimi, CONTEXT) == 7 * 1152 * CONTEXT + 20 * 1_122_304 == 1_079_410_688
+
+
 def test_recurrent_state_size_is_the_delta_rule_state():
     layer = {"kind": "recurrent", "num_heads": 3, "d_k": 8, "d_v": 5, "conv_channels": 1,
              "conv_width": 1}
@@ -149,3 +162,30 @@ def test_decode_benchmark_recorded_the_cache_sizes_the_formulas_give():
     naive = results["variants"]["MLA naive"]
     T = np.array(results["contexts"])
     assert (np.array(naive["flops"]) > 2 * (T + 1) * config["d_latent"] * 2 * H * d_head).all()
+
+
+@pytest.mark.skipif(not RESULTS.exists(), reason="benchmarks/results/decode_variants.json absent")
+def test_decode_benchmark_rates_are_the_fastest_runs_and_the_record_says_what_ran():
+    """Records of format 2 take the bound's rates from the fastest runs (read bandwidth for the
+    bytes), and name the last-level cache, the code's commit and the load."""
+    results = json.loads(RESULTS.read_text())
+    if results.get("format", 1) < 2:
+        pytest.skip("a record made before format 2 (rates from medians, copy bandwidth)")
+    assert results["quick"] is False  # the committed results are a full run
+    for rate, work, runs in [
+            ("bandwidth_bytes_per_s", "bandwidth_bytes_per_run", "bandwidth_runs_s"),
+            ("copy_bandwidth_bytes_per_s", "copy_bytes_per_run", "copy_runs_s"),
+            ("peak_flops_per_s", "matmul_flops_per_run", "matmul_runs_s")]:
+        assert len(results[runs]) == results["rate_repeat"]
+        assert results[rate] == pytest.approx(results[work] / min(results[runs]), rel=1e-12)
+    assert results["bandwidth_kind"].startswith("read")
+    cache = results["machine"]["last_level_cache"]
+    assert cache is None or (cache["level"] >= 2 and cache["bytes"] >= 2**20)
+    code = results["code"]
+    if code is not None:  # None: git was not available where the script ran
+        assert len(code["commit"]) == 40 and int(code["commit"], 16) >= 0
+        changed = code["uncommitted_files"]
+        assert code["attention_lib_uncommitted"] == any(
+            path.startswith("attention_lib") and path.endswith(".py") for path in changed)
+    for key in ("load_average_before", "load_average_after"):
+        assert len(results[key]) == 3 and min(results[key]) >= 0
