@@ -53,6 +53,10 @@ def chapter_titles() -> list[str]:
 
 
 def squeeze(text: str) -> str:
+    """Whitespace runs as one space, and LaTeX's typographic quotes as straight ones (a
+    title's "today's" is set as "today’s")."""
+    text = text.translate(str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"',
+                                         "\u201d": '"'}))
     return re.sub(r"\s+", " ", text)
 
 

@@ -1,5 +1,5 @@
 """The hand-written backward passes of chapter 19's attention variants
-(attention_lib.training.variants_backward) and of the pluggable language model
+(attention_lib.training.variant_grads) and of the pluggable language model
 (attention_lib.training.variant_lm): against PyTorch's autograd on independent PyTorch
 re-implementations of each forward pass, and against finite differences, in float64.
 
@@ -20,14 +20,7 @@ from attention_lib.layers import RMSNorm
 from attention_lib.masks import sliding_window_mask
 from attention_lib.positional import apply_rope
 from attention_lib.training.gradcheck import relative_error
-from attention_lib.training.variant_lm import (
-    VARIANTS,
-    VariantLM,
-    cache_bytes,
-    first_token_weight,
-    variant_lm_loss_and_grads,
-)
-from attention_lib.training.variants_backward import (
+from attention_lib.training.variant_grads import (
     attention_layer_backward,
     attention_layer_forward,
     delta_rule_backward,
@@ -45,6 +38,13 @@ from attention_lib.training.variants_backward import (
     rms_norm_backward,
     rms_norm_forward,
     rope_backward,
+)
+from attention_lib.training.variant_lm import (
+    VARIANTS,
+    VariantLM,
+    cache_bytes,
+    first_token_weight,
+    variant_lm_loss_and_grads,
 )
 from attention_lib.variants import (
     MultiHeadLatentAttention,

@@ -13,7 +13,7 @@ read-out) with the block's attention, the *mixer*, chosen per layer:
 :data:`VARIANTS` names the models the comparison of chapter 19 trains
 (``scripts/compare_attention_variants.py``); :func:`train_variant` trains one with the same
 data order and schedule as every other. The backward passes are
-:mod:`attention_lib.training.variants_backward` and chapter 12's; chapter 14's ``GPT`` is not
+:mod:`attention_lib.training.variant_grads` and chapter 12's; chapter 14's ``GPT`` is not
 touched.
 """
 
@@ -46,7 +46,7 @@ from .functional import (
 from .gpt import random_windows, repeated_random_sequences
 from .models import named_parameters
 from .optim import AdamW, clip_grad_norm, warmup_cosine_lr
-from .variants_backward import (
+from .variant_grads import (
     attention_layer_backward,
     attention_layer_forward,
     delta_rule_backward,
