@@ -81,7 +81,7 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 """sha256 of ``tinyshakespeare.txt`` (Karpathy's char-rnn ``data/tinyshakespeare/input.txt``)."""
 
-SHAKESPEARE_GPT_SHA256 = "d749cc742b04cf71adca442a22e4b7aaf22881ced3416bd7a114182194e6c98e"
+SHAKESPEARE_GPT_SHA256 = "ee891c9da90ae37f987ca221f32d2730caa6d0ee268f8852a154c004d93b2b86"
 """sha256 of the committed checkpoint ``shakespeare_gpt.npz``."""
 
 
@@ -442,8 +442,9 @@ def gpt_forward(model: GPT, ids, *, rng: np.random.Generator | None = None,
     the causal mask added in place, softmax, GELU, dropout and the residual additions
     written into existing arrays, and the embedding's gradient as a product with the
     one-hot matrix of the ids. It draws the same dropout masks from ``rng``; its numbers
-    differ from the unfused pass by rounding only (sums taken in another order), so the
-    unfused pass stays the one that reproduces the committed checkpoint.
+    differ from the unfused pass by rounding only (sums taken in another order). The
+    committed checkpoint was trained with the fused pass (its log's ``config`` records
+    ``fused``).
 
     Shapes
     ------
