@@ -17,15 +17,18 @@ block ``l`` keeps the clean stream entering block ``l`` and runs only the blocks
   zero-ablated, and with as many random heads (several draws).
 - ``k_composition``: every head's induction score with the top previous-token heads ablated,
   and with as many random heads from the same layers.
-- ``patching``: an indirect-object task (Wang et al. 2022): clean and corrupted logit
+- ``patching``: an indirect-object task (Wang et al. 2023): clean and corrupted logit
   differences, and the fraction restored by patching each head's output, and each layer's
-  residual stream at each position, from the clean run into the corrupted one.
+  residual stream at each position, from the clean run into the corrupted one (a screen on
+  PATCH_PROMPTS prompts, with the spread of each prompt's own share), then the screen's
+  five best heads and two most negative again on every prompt.
 - ``ablation_map``: each head zero-ablated alone: the change of the second-copy loss on
   repeated sequences and of the loss on Tiny Shakespeare windows.
-- ``ablation_confirm``: the heads the map ranks highest (and the strongest sinks) ablated
-  again, on every repeated sequence and as many other Shakespeare windows.
-- ``pruning``: heads removed together, least important first (by the map), loss on other
-  Shakespeare windows.
+- ``ablation_confirm``: the heads the map ranks highest, the strongest sinks and the top
+  induction heads ablated again, on every repeated sequence and as many other Shakespeare
+  windows.
+- ``pruning``: heads removed together, least important first (by the map's text effect),
+  loss on PRUNE_WINDOWS other Shakespeare windows and on every repeated sequence.
 
 The repeated sequences are the chapter's: ``repeated_random_tokens(default_rng(0), 100, 8,
 49152, low=17, prefix=0)`` (token 0 is ``<|endoftext|>``; ids below 17 are control tokens).
@@ -78,7 +81,7 @@ SEED, NUM_SEQUENCES, LENGTH, LOW, PREFIX = 0, 100, 8, 17, 0
 TOP_K = 10  # heads ablated together (induction heads, previous-token heads)
 RANDOM_DRAWS = 3
 MAP_SEQUENCES = 6  # repeated sequences and Shakespeare windows for the per-head map
-PRUNE_WINDOWS = 24
+PRUNE_WINDOWS = 100
 PATCH_PROMPTS = 8
 BATCH = 20
 NAMES = ("Mary John Tom James Anna Sarah David Paul Mark Alice Emma Peter Lucy Kate Jack Sam "
@@ -295,22 +298,26 @@ if wanted("patching"):
             logits = forward_from_layer(model, start, layer, positions=-1)
         ld = logit_difference(logits, correct[prompts], wrong[prompts])
         base_clean, base_corrupt = clean_ld[prompts].mean(), corrupt_ld[prompts].mean()
-        return ld, (ld.mean() - base_corrupt) / (base_clean - base_corrupt)
+        per_prompt = (ld - corrupt_ld[prompts]) / (clean_ld[prompts] - corrupt_ld[prompts])
+        return ld, (ld.mean() - base_corrupt) / (base_clean - base_corrupt), per_prompt
 
     # The screen: the first PATCH_PROMPTS prompts.
-    heads_map = np.zeros((L, H))
+    heads_map, heads_std = np.zeros((L, H)), np.zeros((L, H))
     for layer in range(L):
         source = clean_points[f"blocks.{layer}.attn.head_out"][:PATCH_PROMPTS]
         for head in range(H):
-            heads_map[layer, head] = restored(
-                layer, {f"blocks.{layer}.attn.head_out": patch(source, heads=head)})[1]
+            _, heads_map[layer, head], per_prompt = restored(
+                layer, {f"blocks.{layer}.attn.head_out": patch(source, heads=head)})
+            heads_std[layer, head] = per_prompt.std()
     entry["heads"] = rounded(heads_map)
+    # the spread over the screen's prompts of each prompt's own restored share
+    entry["heads_prompt_std"] = rounded(heads_std)
     log(f"head patching: top {top(heads_map, 5)}")
-    # The screen's top heads again on every prompt.
+    # The screen's top heads, and the two most negative, again on every prompt.
     entry["confirm"] = []
-    for layer, head in top(heads_map, 5):
+    for layer, head in top(heads_map, 5) + top(-heads_map, 2):
         source = clean_points[f"blocks.{layer}.attn.head_out"]
-        patched, share = restored(
+        patched, share, _ = restored(
             layer, {f"blocks.{layer}.attn.head_out": patch(source, heads=head)},
             slice(None))
         entry["confirm"].append({"head": [layer, head], "patched_ld": mean_std(patched),
@@ -354,7 +361,7 @@ if wanted("ablation_confirm"):
     text_map = np.array(results["ablation_map"]["text_delta"]).mean(axis=-1)
     chosen = []
     for head in (top(second_map, 8) + top(text_map, 5) + top(scores["first_token"], 3)
-                 + top_induction[:3]):
+                 + top_induction):
         if head not in chosen:
             chosen.append(head)
     sequences = np.concatenate([repeated, confirm_windows])
@@ -402,7 +409,7 @@ if wanted("pruning"):
                 logits = model(prune_windows[part])
             text_losses.append(per_position_loss(logits, prune_windows[part]).mean(axis=-1))
         entry["text_loss"].append(mean_std(np.concatenate(text_losses)))
-        entry["second_copy_loss"].append(mean_std(copy_loss_run(repeated[:24], heads)["second"]))
+        entry["second_copy_loss"].append(mean_std(copy_loss_run(repeated, heads)["second"]))
         log(f"pruning {count}: {entry['text_loss'][-1]}")
     results["pruning"] = entry
     save()
@@ -413,14 +420,16 @@ if "patching" in results and "resid_pre" not in results["patching"] and (
     if "restored" not in globals():
         raise SystemExit("rerun from the patching part: delete 'patching' from the file")
     T = clean_ids.shape[1]
-    resid_map = np.zeros((L, T))
+    resid_map, resid_std = np.zeros((L, T)), np.zeros((L, T))
     for layer in range(L):
         source = clean_points[f"blocks.{layer}.resid_pre"][:PATCH_PROMPTS]
         for position in range(T):
-            resid_map[layer, position] = restored(
-                layer, {f"blocks.{layer}.resid_pre": patch(source, positions=position)})[1]
+            _, resid_map[layer, position], per_prompt = restored(
+                layer, {f"blocks.{layer}.resid_pre": patch(source, positions=position)})
+            resid_std[layer, position] = per_prompt.std()
         log(f"residual patching, layer {layer}")
     results["patching"]["resid_pre"] = rounded(resid_map)
+    results["patching"]["resid_pre_prompt_std"] = rounded(resid_std)
     save()
 
 if args.parts is None:  # a whole run (a run of chosen parts leaves the figure alone)
