@@ -28,7 +28,8 @@ block ``l`` keeps the clean stream entering block ``l`` and runs only the blocks
   induction heads ablated again, on every repeated sequence and as many other Shakespeare
   windows.
 - ``pruning``: heads removed together, least important first (by the map's text effect),
-  loss on PRUNE_WINDOWS other Shakespeare windows and on every repeated sequence.
+  loss on PRUNE_WINDOWS other Shakespeare windows and on every repeated sequence, and its
+  change from the intact model's on the same inputs (paired).
 
 The repeated sequences are the chapter's: ``repeated_random_tokens(default_rng(0), 100, 8,
 49152, low=17, prefix=0)`` (token 0 is ``<|endoftext|>``; ids below 17 are control tokens).
@@ -400,16 +401,26 @@ if wanted("pruning"):
     order = np.argsort(text_effect, axis=None, kind="stable")  # least harmful first
     counts = [0, 9, 27, 54, 90, 135, 180, 270]
     entry = {"order": [[int(i // H), int(i % H)] for i in order], "counts": counts,
-             "text_loss": [], "second_copy_loss": []}
-    for count in counts:
+             "text_loss": [], "second_copy_loss": [], "text_delta": [], "text_lower": [],
+             "second_copy_delta": []}
+    intact_text = intact_second = None
+    for count in counts:  # counts[0] == 0: the intact model first
         heads = entry["order"][:count]
         text_losses = []
         for part in batches(len(prune_windows)):
             with intervene(model, head_changes(heads)):
                 logits = model(prune_windows[part])
             text_losses.append(per_position_loss(logits, prune_windows[part]).mean(axis=-1))
-        entry["text_loss"].append(mean_std(np.concatenate(text_losses)))
-        entry["second_copy_loss"].append(mean_std(copy_loss_run(repeated, heads)["second"]))
+        text_losses = np.concatenate(text_losses)
+        second = copy_loss_run(repeated, heads)["second"]
+        if intact_text is None:
+            intact_text, intact_second = text_losses, second
+        entry["text_loss"].append(mean_std(text_losses))
+        entry["second_copy_loss"].append(mean_std(second))
+        # paired with the intact model on the same inputs
+        entry["text_delta"].append(mean_std(text_losses - intact_text))
+        entry["text_lower"].append(round(float(np.mean(text_losses < intact_text)), 4))
+        entry["second_copy_delta"].append(mean_std(second - intact_second))
         log(f"pruning {count}: {entry['text_loss'][-1]}")
     results["pruning"] = entry
     save()
