@@ -29,7 +29,8 @@ block ``l`` keeps the clean stream entering block ``l`` and runs only the blocks
   windows.
 - ``pruning``: heads removed together, least important first (by the map's text effect),
   loss on PRUNE_WINDOWS other Shakespeare windows and on every repeated sequence, and its
-  change from the intact model's on the same inputs (paired).
+  change from the intact model's on the same inputs (paired); a control removes the first 27
+  heads but the strongest previous-token head among them.
 
 The repeated sequences are the chapter's: ``repeated_random_tokens(default_rng(0), 100, 8,
 49152, low=17, prefix=0)`` (token 0 is ``<|endoftext|>``; ids below 17 are control tokens).
@@ -422,6 +423,14 @@ if wanted("pruning"):
         entry["text_lower"].append(round(float(np.mean(text_losses < intact_text)), 4))
         entry["second_copy_delta"].append(mean_std(second - intact_second))
         log(f"pruning {count}: {entry['text_loss'][-1]}")
+    # The control for the jump of the second-copy loss between 9 and 27 heads removed: the
+    # same 27 heads without the strongest previous-token head among them.
+    previous = [list(head) for head in top_previous if list(head) in entry["order"][:27]][:1]
+    if previous:
+        without = [head for head in entry["order"][:27] if head != previous[0]]
+        entry["control_27"] = {"kept": previous[0], "second_copy_loss": mean_std(
+            copy_loss_run(repeated, without)["second"])}
+        log(f"pruning control: {entry['control_27']}")
     results["pruning"] = entry
     save()
 
