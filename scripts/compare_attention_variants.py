@@ -1,5 +1,5 @@
-"""Train chapter 14's character model with each attention variant of chapter 19: same task,
-same steps, same data order, same seeds.
+"""Train a small version of chapter 14's character model with each attention variant of
+chapter 19 (d_model 64, context 64, no dropout): same task, steps, data order and seeds.
 
     .venv/bin/python scripts/compare_attention_variants.py [--out FILE] [--variants mha gqa ...]
         [--seeds 0 1 2] [--stop-after N]
